@@ -1,0 +1,1 @@
+"""Execution backends, installed as ``edgeinfer.backends``: one package per engine."""

@@ -1,0 +1,1 @@
+"""Model converters, installed as ``edgeinfer.converters``: one package per source framework."""

@@ -1,0 +1,172 @@
+"""ONNX front end: ``.onnx`` files and ``onnx.ModelProto`` objects into the IR.
+
+What it adds to the core proto translation (``edgeinfer.ir.onnx_io``):
+- safe file reading: a clear ``ModelFormatError`` for a missing, empty, truncated or
+  non-ONNX file; external data read only from inside the model's own folder, with every
+  offset and length checked against the data file;
+- model-local functions inlined (``onnx.inliner``), so the IR holds only primitive ops;
+- old opsets upgraded with ``onnx.version_converter`` (to ``UPGRADE_TARGET``) so kernels see
+  modern semantics; when the converter cannot upgrade a model it is kept as it is, and the
+  versioned kernel registry (with its ``onnx.reference`` fallback) runs the old ops;
+- ops unknown to ONNX raise ``UnsupportedOpError`` naming the op and node.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import version_converter
+
+from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
+from edgeinfer.ir import Graph
+from edgeinfer.ir.onnx_io import graph_from_model, opset_of
+
+SUFFIXES = (".onnx",)
+MIN_OPSET = 7
+UPGRADE_TARGET = 13  # opsets below this are upgraded; newer ones are kept as they are
+
+
+def accepts(source: Any) -> bool:
+    if isinstance(source, onnx.ModelProto):
+        return True
+    return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in SUFFIXES
+
+
+def convert(source: onnx.ModelProto | str | os.PathLike, *, upgrade: bool = True) -> Graph:
+    """Import an ONNX model (path or ``ModelProto``) into a ``Graph``."""
+    if isinstance(source, onnx.ModelProto):
+        model, where = source, "<ModelProto>"
+        if _has_external_data(model):
+            raise ModelFormatError("ModelProto with external data: pass the .onnx file path instead, "
+                                   "so the data can be read from the model's folder")
+    else:
+        model, where = read_model(source), os.fspath(source)
+    return import_model(model, where, upgrade=upgrade)
+
+
+def read_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Parse an ``.onnx`` file and load its external data from the model's folder only."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: expected an ONNX model file, found no such file")
+    if path.stat().st_size == 0:
+        raise ModelFormatError(f"{path}: expected an ONNX model, found an empty file")
+    try:
+        model = onnx.load_model(os.fspath(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise ModelFormatError(f"{path}: expected an ONNX protobuf, cannot parse it "
+                               f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+    if not model.HasField("graph") or not model.opset_import:
+        raise ModelFormatError(f"{path}: expected an ONNX model with a graph and opset imports, "
+                               "found none (truncated, or not an ONNX file)")
+    for tensor in _external_tensors(model):
+        _load_external(tensor, path.parent.resolve(), path)
+    return model
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(True for _ in _external_tensors(model))
+
+
+def _external_tensors(model: onnx.ModelProto):
+    from onnx.external_data_helper import _get_all_tensors
+
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            yield tensor
+
+
+def _load_external(tensor: onnx.TensorProto, folder: Path, model_path: Path) -> None:
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = info.get("location", "")
+    target = (folder / location).resolve()
+    if not location or os.path.isabs(location) or not target.is_relative_to(folder):
+        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data location {location!r} "
+                               f"must be a relative path inside {folder}")
+    if not target.is_file():
+        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data file {location!r} not found")
+    size = target.stat().st_size
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else size - offset
+    except ValueError as exc:
+        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} has a non-integer offset/length") from exc
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data [{offset}, "
+                               f"{offset + length}) lies outside {location!r} of {size} bytes")
+    with open(target, "rb") as handle:
+        handle.seek(offset)
+        tensor.raw_data = handle.read(length)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _check_ops_known(graph: onnx.GraphProto, opset: dict[str, int], where: str) -> None:
+    for index, node in enumerate(graph.node):
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if domain in ("", "ai.onnx.ml") and not onnx.defs.has(node.op_type, domain):
+            raise UnsupportedOpError(f"{where}: node {node.name or index!r}: op {node.op_type!r} is not an "
+                                     f"ONNX operator (domain {domain or 'ai.onnx'!r}, opset "
+                                     f"{opset.get(domain, '?')})")
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                _check_ops_known(sub, opset, where)
+
+
+def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: bool = True) -> Graph:
+    opset = opset_of(model)
+    version = opset.get("", None)
+    if version is None:
+        raise ModelFormatError(f"{where}: expected an import of the default ONNX opset, found "
+                               f"only {sorted(opset)}")
+    if version < MIN_OPSET:
+        raise ModelFormatError(f"{where}: opset {version} is older than the oldest supported ({MIN_OPSET}); "
+                               "re-export the model with a newer exporter")
+    if version > onnx.defs.onnx_opset_version():
+        raise ModelFormatError(f"{where}: opset {version} is newer than this onnx package knows "
+                               f"({onnx.defs.onnx_opset_version()}); upgrade onnx")
+    _check_ops_known(model.graph, opset, where)
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
+    if upgrade and version < UPGRADE_TARGET:
+        model = _upgraded(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
+        raise ModelValidationError(f"{where}: the ONNX checker rejects the model: {first}") from exc
+    graph = graph_from_model(model)
+    graph = graph.sorted()  # raises ModelValidationError naming a node on a cycle
+    graph.verify()
+    return graph
+
+
+def _upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        upgraded = version_converter.convert_version(model, UPGRADE_TARGET)
+        onnx.checker.check_model(upgraded)
+        return upgraded
+    except Exception:  # the converter lacks adapters for some ops; keep the original opset
+        return model
+
+
+def export(graph: Graph, path: str | os.PathLike | None = None) -> onnx.ModelProto:
+    """IR -> ONNX model (checked with ``full_check``); written atomically if ``path`` is given."""
+    from edgeinfer.ir.onnx_io import graph_to_model
+
+    model = graph_to_model(graph)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ModelValidationError(f"exported ONNX model fails the checker: {str(exc).splitlines()[0]}") from exc
+    if path is not None:
+        from edgeinfer.format.atomic import atomic_write_bytes
+
+        atomic_write_bytes(path, model.SerializeToString())
+    return model

@@ -1,0 +1,87 @@
+"""The backend interface the scheduler and ``Session`` program against.
+
+A backend says which nodes it can run (``supports`` returns None or the reason it cannot),
+compiles a self-contained graph once (``compile``) and returns an ``Executable`` that runs
+it many times. ``Executable.thread_safe`` tells the scheduler whether one executable may be
+called from several threads at once (onnxruntime: yes; a TFLite interpreter: no).
+Backends live in ``edgeinfer.backends.<name>`` and are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph, Node
+
+
+@dataclass
+class CompileOptions:
+    threads: int | None = None  # None: the engine's default
+    debug: bool = False  # per-node timing and shapes
+    engine_options: dict[str, Any] = field(default_factory=dict)  # backend-specific
+
+
+class Executable(ABC):
+    thread_safe: bool = False
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.input_names = graph.input_names
+        self.output_names = graph.output_names
+
+    @abstractmethod
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once; ``feeds`` are already validated. Returns outputs in graph order."""
+
+    def stats(self) -> dict[str, Any]:
+        """Backend-specific facts about the last run (peak memory, fallback ops, timings)."""
+        return {}
+
+
+class Backend(ABC):
+    name: str = "?"
+
+    @abstractmethod
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        """None if this backend can run ``node`` of ``graph``, else the reason it cannot."""
+
+    @abstractmethod
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        """Prepare ``graph`` (self-contained, typed) for repeated runs."""
+
+    def unsupported(self, graph: Graph) -> dict[str, str]:
+        """node label -> reason, for every node this backend cannot run."""
+        reasons = {}
+        for node in graph.nodes:
+            reason = self.supports(node, graph)
+            if reason is not None:
+                reasons[node.label] = reason
+        return reasons
+
+
+_BACKEND_MODULES = {
+    "numpy": "edgeinfer.backends.numpy",
+    "onnxruntime": "edgeinfer.backends.onnxruntime",
+}
+
+
+def available_backends() -> list[str]:
+    return sorted(_BACKEND_MODULES)
+
+
+def get_backend(name: str, **engine_options: Any) -> Backend:
+    """Instantiate a backend by name (``numpy``, ``onnxruntime``, ...)."""
+    module_name = _BACKEND_MODULES.get(name)
+    if module_name is None:
+        raise BackendError(f"unknown backend {name!r}: expected one of {', '.join(available_backends())}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendError(f"backend {name!r} cannot be imported: {exc}") from exc
+    return module.create_backend(**engine_options)

@@ -1,0 +1,52 @@
+"""The exception hierarchy of edgeinfer.
+
+Every error a user can cause with bad input is an ``EdgeInferError``. Messages say what was
+expected, what was found, and where (file, node name, op), so the CLI can print them on one
+line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+
+class EdgeInferError(Exception):
+    """Root of all errors that bad input (files, arguments, feeds) can cause."""
+
+
+class ModelFormatError(EdgeInferError):
+    """A model file is unreadable, truncated, tampered with or of an unknown kind."""
+
+
+class ModelValidationError(EdgeInferError):
+    """A graph breaks an IR invariant (cycle, dangling input, duplicate name, bad shape)."""
+
+
+class UnsupportedOpError(EdgeInferError):
+    """An op (or layer, or attribute) that edgeinfer cannot convert or run."""
+
+
+class InputError(EdgeInferError):
+    """Feeds given to a session do not match the model's inputs."""
+
+
+class BackendError(EdgeInferError):
+    """A backend could not compile or run a graph."""
+
+
+class PassError(EdgeInferError):
+    """An optimization pass failed; the message names it and the passes run before it."""
+
+
+class ConversionError(EdgeInferError):
+    """A source model could not be converted (besides an unsupported op)."""
+
+
+__all__ = [
+    "EdgeInferError",
+    "ModelFormatError",
+    "ModelValidationError",
+    "UnsupportedOpError",
+    "InputError",
+    "BackendError",
+    "PassError",
+    "ConversionError",
+]

@@ -1,0 +1,76 @@
+"""``Graph.verify()``: the IR's invariants, checked after every pass in debug mode and tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.errors import ModelValidationError
+from edgeinfer.ir import dtypes
+from edgeinfer.ir.graph import Graph
+
+
+def _fail(graph: Graph, what: str) -> None:
+    raise ModelValidationError(f"graph {graph.name!r}: {what}")
+
+
+def verify_graph(graph: Graph, outer_scope: set[str]) -> None:
+    defined: set[str] = set(outer_scope)
+    for value in graph.inputs:
+        if value.name in defined and value.name not in outer_scope:
+            _fail(graph, f"input {value.name!r} is declared twice")
+        defined.add(value.name)
+    for name, value in graph.values.items():
+        if value.const is None:
+            continue
+        if name in graph.input_names:
+            continue  # an input with a default value (ONNX IR < 4 style)
+        defined.add(name)
+        _check_const(graph, value)
+    produced_by: dict[str, str] = {}
+    for node in graph.nodes:
+        for index, name in enumerate(node.inputs):
+            if name and name not in defined:
+                where = "later in the node order (not topologically sorted or a cycle)" \
+                    if name in {o for n in graph.nodes for o in n.outputs} else "nowhere"
+                _fail(graph, f"{node.label} input {index} {name!r}: expected a value defined "
+                             f"before it, found it defined {where}")
+        for sub in node.subgraphs():
+            sub.verify(outer_scope=defined)
+        for name in node.outputs:
+            if not name:
+                continue
+            if name in defined:
+                other = produced_by.get(name, "a graph input or initializer")
+                _fail(graph, f"{node.label} output {name!r} is already produced by {other}: "
+                             "expected every value to be produced exactly once")
+            defined.add(name)
+            produced_by[name] = node.label
+    names = [n.name for n in graph.nodes if n.name]
+    if len(names) != len(set(names)):
+        dup = next(n for n in names if names.count(n) > 1)
+        _fail(graph, f"node name {dup!r} is used more than once")
+    for value in graph.outputs:
+        if value.name not in defined:
+            _fail(graph, f"output {value.name!r} is not produced by any node, input or initializer")
+    for value in graph.values.values():
+        if value.dtype is not None and value.dtype not in ("str",) and dtypes.is_tensor_type(value.dtype):
+            try:
+                dtypes.numpy_dtype(value.dtype)
+            except Exception:
+                _fail(graph, f"value {value.name!r} has unknown dtype {value.dtype!r}")
+        if value.shape is not None:
+            for dim in value.shape:
+                if isinstance(dim, bool) or not (dim is None or isinstance(dim, str)
+                                                 or (isinstance(dim, (int, np.integer)) and dim >= 0)):
+                    _fail(graph, f"value {value.name!r} has invalid dim {dim!r} in shape {value.shape}")
+
+
+def _check_const(graph: Graph, value) -> None:
+    array = value.const
+    if not isinstance(array, np.ndarray):
+        _fail(graph, f"initializer {value.name!r}: expected a numpy array, found {type(array).__name__}")
+    if value.dtype is not None and dtypes.name_of(array.dtype) != value.dtype:
+        _fail(graph, f"initializer {value.name!r}: declared dtype {value.dtype}, data is "
+                     f"{dtypes.name_of(array.dtype)}")
+    if value.shape is not None and tuple(value.shape) != tuple(array.shape):
+        _fail(graph, f"initializer {value.name!r}: declared shape {value.shape}, data has {array.shape}")
