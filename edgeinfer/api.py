@@ -12,8 +12,13 @@ from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 
 # name -> module in edgeinfer.converters; each exposes accepts(source) and convert(source, **kw)
+# accepts() must be cheap and must not import the framework itself.
 FRONTENDS: dict[str, str] = {
     "onnx": "edgeinfer.converters.onnx",
+    "pytorch": "edgeinfer.converters.pytorch",
+    "tflite": "edgeinfer.converters.tflite",
+    "tensorflow": "edgeinfer.converters.tensorflow",
+    "caffe": "edgeinfer.converters.caffe",
 }
 EIM_SUFFIX = ".eim"
 
@@ -25,8 +30,13 @@ def _frontend(name: str):
 def detect_frontend(source: Any) -> str:
     """Which front end converts ``source`` (a path or an in-memory model)."""
     for name, module_name in FRONTENDS.items():
-        accepts = getattr(importlib.import_module(module_name), "accepts")
-        if accepts(source):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:  # that front end is not part of this build
+                continue
+            raise
+        if module.accepts(source):
             return name
     what = f"file {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else type(source).__name__
     raise ModelFormatError(f"cannot convert {what}: expected one of the formats of "
