@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import ModelFormatError
+from edgeinfer.errors import InputError, ModelFormatError
+from edgeinfer.ir import Graph, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 
@@ -43,27 +45,55 @@ def detect_frontend(source: Any) -> str:
                            f"{', '.join(FRONTENDS)} (by file suffix or object type)")
 
 
-def convert(source: Any, *, optimize: int = 1, **options: Any) -> Model:
+def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | None = None,
+            dynamic_batch: bool = False, pass_report: list | None = None, **options: Any) -> Model:
     """Convert a model (file path or in-memory object) into an edgeinfer ``Model``.
 
     ``options`` are front-end specific (e.g. ``weights=`` for Caffe, ``example_inputs=`` for
-    PyTorch). The graph is type-inferred and verified before it is returned.
+    PyTorch). ``input_shapes`` ({name: shape}) and ``dynamic_batch`` (first dim becomes the
+    symbol ``N``) go to front ends that need shapes to trace a model; for the others they
+    re-declare the converted graph's input shapes. The graph is type-inferred, optimized at
+    level ``optimize`` (``pass_report`` collects what each pass did) and verified.
     """
     name = detect_frontend(source)
-    graph = _frontend(name).convert(source, **options)
+    frontend = _frontend(name)
+    takes_shapes = "input_shapes" in inspect.signature(frontend.convert).parameters
+    if takes_shapes:
+        options.update(input_shapes=input_shapes, dynamic_batch=dynamic_batch)
+    graph = frontend.convert(source, **options)
+    if not takes_shapes and (input_shapes or dynamic_batch):
+        graph = redeclare_inputs(graph, input_shapes or {}, dynamic_batch)
     graph = infer_types(graph.sorted())
     if optimize:
-        try:
-            from edgeinfer.passes import optimize as run_passes
-        except ImportError:  # passes not built yet
-            run_passes = None
-        if run_passes is not None:
-            graph = run_passes(graph, level=optimize)
+        from edgeinfer.passes import optimize as run_passes
+
+        graph = run_passes(graph, level=optimize, report=pass_report)
     graph.verify()
     metadata = {"source_format": name}
     if isinstance(source, (str, os.PathLike)):
         metadata["source_file"] = Path(source).name
     return Model(graph, metadata)
+
+
+def redeclare_inputs(graph: Graph, input_shapes: dict[str, tuple], dynamic_batch: bool) -> Graph:
+    """A copy of ``graph`` whose inputs have the given shapes (and/or a symbolic batch ``N``).
+
+    Types of intermediate values are dropped so that inference recomputes them.
+    """
+    unknown = sorted(set(input_shapes) - set(graph.input_names))
+    if unknown:
+        raise InputError(f"input shapes given for {unknown}: expected names among {graph.input_names}")
+    inputs = []
+    for value in graph.inputs:
+        shape = input_shapes.get(value.name, value.shape)
+        if shape is not None and value.shape is not None and len(shape) != len(value.shape):
+            raise InputError(f"input {value.name!r}: shape {tuple(shape)} has rank {len(shape)}, the model "
+                             f"declares rank {len(value.shape)} {value.shape}")
+        if dynamic_batch and shape:
+            shape = ("N", *tuple(shape)[1:])
+        inputs.append(Value(value.name, value.dtype, shape))
+    outputs = [Value(v.name, v.dtype, None) for v in graph.outputs]
+    return graph.replace(inputs=inputs, outputs=outputs, keep_types=False)
 
 
 def load(path: str | os.PathLike) -> Model:

@@ -51,3 +51,13 @@ def assert_close(got, ref, *, rtol: float | None = None, atol: float | None = No
         raise AssertionError(f"{name}: {bad}/{excess.size} elements beyond rtol={rtol} atol={atol}; worst at "
                              f"{index}: got {g[index]!r}, expected {r[index]!r} "
                              f"(max abs diff {np.nanmax(np.abs(g - r)):.3g})")
+
+
+def parse_model(text: str):
+    """Build a checked ``onnx.ModelProto`` from ``onnx.parser`` text (tests build graphs this way)."""
+    import onnx
+    from onnx import parser
+
+    model = parser.parse_model(text)
+    onnx.checker.check_model(model)
+    return model

@@ -1,0 +1,266 @@
+"""The ``edgeinfer`` command line.
+
+Every ``EdgeInferError`` (bad file, bad argument, bad input) prints one line to stderr and
+exits with status 2; anything else is a bug in edgeinfer: one line, status 1, and the
+traceback only with ``--debug`` or ``EDGEINFER_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from edgeinfer.errors import EdgeInferError, InputError
+
+EXIT_USER_ERROR = 2
+EXIT_BUG = 1
+
+
+def _debug_enabled() -> bool:
+    return os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0")
+
+
+def handle_errors(fn):
+    """Turn exceptions into one-line messages and exit codes (no traceback on bad input)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EdgeInferError as exc:
+            click.echo(f"error: {_one_line(exc)}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug in edgeinfer, not bad input
+            if _debug_enabled():
+                raise
+            click.echo(f"internal error ({type(exc).__name__}): {_one_line(exc)} "
+                       "[rerun with EDGEINFER_DEBUG=1 for the traceback]", err=True)
+            sys.exit(EXIT_BUG)
+
+    return wrapper
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 2000 else text[:2000] + "..."
+
+
+def _parse_shape_option(values: tuple[str, ...]) -> dict[str, tuple[int | str, ...]]:
+    """``name:1x3x224x224`` -> {name: (1, 3, 224, 224)}; a dim may be a symbol such as N."""
+    shapes: dict[str, tuple[int | str, ...]] = {}
+    for text in values:
+        name, sep, dims = text.rpartition(":")
+        if not sep or not name or not dims:
+            raise InputError(f"--input-shape {text!r}: expected NAME:D1xD2x..., e.g. input:1x3x224x224")
+        parsed: list[int | str] = []
+        for dim in dims.lower().split("x") if dims != "scalar" else []:
+            if dim.isdigit():
+                parsed.append(int(dim))
+            elif dim.isidentifier():
+                parsed.append(dim.upper() if len(dim) == 1 else dim)
+            else:
+                raise InputError(f"--input-shape {text!r}: dim {dim!r} is neither a number nor a symbol")
+        shapes[name] = tuple(parsed)
+    return shapes
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgeinfer")
+def main() -> None:
+    """edgeinfer: convert models from any framework into one compact .eim file, optimize
+    them, and run them on the best backend."""
+
+
+@main.command()
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .eim file to write.")
+@click.option("--weights", type=click.Path(path_type=Path), help="Weights file (Caffe .caffemodel).")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="NAME:1x3x224x224",
+              help="Fix an input's shape where the file does not (repeatable).")
+@click.option("--dynamic-batch", is_flag=True, help="Make the first dim of every input a symbol N.")
+@click.option("--optimize", type=click.IntRange(0, 2), default=1, show_default=True,
+              help="Optimization level (0: none).")
+@click.option("--report", is_flag=True, help="Print what each optimization pass did.")
+@handle_errors
+def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
+            dynamic_batch: bool, optimize: int, report: bool) -> None:
+    """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file."""
+    import edgeinfer as ei
+
+    options: dict[str, Any] = {}
+    if weights is not None:
+        options["weights"] = weights
+    if input_shapes:
+        options["input_shapes"] = _parse_shape_option(input_shapes)
+    if dynamic_batch:
+        options["dynamic_batch"] = True
+    if output.suffix.lower() != ".eim":
+        raise InputError(f"-o {output}: expected a path ending in .eim")
+    started = time.perf_counter()
+    passes: list = []
+    model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
+    model.save(output)
+    seconds = time.perf_counter() - started
+    if report:
+        _print_pass_report(passes)
+    summary = model.summary()
+    click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): {summary['nodes']} nodes, "
+               f"{summary['parameters']:,} parameters, converted in {seconds:.2f} s")
+
+
+def _print_pass_report(passes: list) -> None:
+    if not passes:
+        click.echo("passes: nothing to rewrite")
+        return
+    for entry in passes:
+        fired = ", ".join(f"{k} x{v}" for k, v in entry.fired.items()) or "-"
+        click.echo(f"pass {entry.name:28s} nodes {entry.nodes_before:5d} -> {entry.nodes_after:5d}  {fired}")
+
+
+def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) -> dict[str, np.ndarray]:
+    from edgeinfer.ir import dtypes
+
+    names = [t.name for t in model.inputs]
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep:
+            if len(names) != 1:
+                raise InputError(f"--input {spec!r}: expected NAME=FILE.npy (the model has inputs {names})")
+            name, file = names[0], spec
+        path = Path(file)
+        if not path.is_file():
+            raise InputError(f"--input {spec!r}: no such file {path}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
+                             f"({_one_line(exc)})") from exc
+    if random_inputs:
+        rng = np.random.default_rng(0)
+        for info in model.inputs:
+            if info.name in feeds:
+                continue
+            if info.shape is None or any(d is None for d in info.shape):
+                raise InputError(f"--random-inputs: input {info.name!r} has unknown dims {info.shape}; "
+                                 "pass it with --input")
+            shape = tuple(batch if isinstance(d, str) else d for d in info.shape)
+            dtype = dtypes.numpy_dtype(info.dtype)
+            if dtype.kind == "f":
+                feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype.kind == "b":
+                feeds[info.name] = rng.integers(0, 2, shape).astype(dtype)
+            else:
+                feeds[info.name] = rng.integers(0, 10, shape).astype(dtype)
+    return feeds
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="An input tensor from a .npy file (repeatable).")
+@click.option("--random-inputs", is_flag=True, help="Feed random data to inputs not given with --input.")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
+              help="Size of symbolic dims for --random-inputs.")
+@click.option("--backend", default="numpy", show_default=True, help="numpy or onnxruntime.")
+@click.option("--threads", type=click.IntRange(1), default=None, help="Threads for the backend.")
+@click.option("--repeat", type=click.IntRange(1), default=10, show_default=True,
+              help="Timed runs after one warm-up run.")
+@click.option("--output-dir", type=click.Path(path_type=Path), help="Write each output as NAME.npy here.")
+@handle_errors
+def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
+        threads: int | None, repeat: int, output_dir: Path | None) -> None:
+    """Run MODEL (.eim, or any convertible file) and print outputs and timing."""
+    import edgeinfer as ei
+    from edgeinfer.api import load_any
+
+    model = load_any(model_path)
+    feeds = _load_feeds(model, inputs, random_inputs, batch)
+    session = ei.Session(model, backend=backend, threads=threads)
+    outputs = session.run(feeds)  # warm-up, also validates the feeds
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        outputs = session.run(feeds)
+        times.append(time.perf_counter() - start)
+    for name, array in outputs.items():
+        click.echo(f"output {name}: {array.dtype}{list(array.shape)} {_preview(array)}")
+    times_ms = np.array(times) * 1000
+    click.echo(f"latency ({backend}, threads={threads or 'default'}): median {np.median(times_ms):.3f} ms, "
+               f"min {times_ms.min():.3f} ms over {repeat} runs")
+    if output_dir is not None:
+        from edgeinfer.format.atomic import atomic_write
+
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for name, array in outputs.items():
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+            atomic_write(output_dir / f"{safe}.npy",
+                         lambda handle, a=array: np.save(handle, a, allow_pickle=False))
+        click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
+
+
+def _preview(array: np.ndarray) -> str:
+    flat = array.reshape(-1)
+    if array.dtype.kind in "fc" and flat.size:
+        top = f" argmax={int(flat.argmax())}" if array.ndim <= 2 else ""
+        head = np.array2string(flat[:6], precision=4, separator=", ")
+        return f"{head}{' ...' if flat.size > 6 else ''} (mean {flat.mean():.4g}, std {flat.std():.4g}){top}"
+    return np.array2string(flat[:8], separator=", ") + (" ..." if flat.size > 8 else "")
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("--graph", "show_graph", is_flag=True, help="Also print the whole graph as text.")
+@handle_errors
+def inspect(model_path: Path, show_graph: bool) -> None:
+    """Summarize MODEL (.eim or .onnx): inputs, outputs, ops, parameters, FLOPs."""
+    from edgeinfer.api import load_any
+
+    model = load_any(model_path)
+    summary = model.summary()
+    click.echo(f"model   {model_path}")
+    for key, value in model.metadata.items():
+        click.echo(f"meta    {key} = {value}")
+    for info in model.inputs:
+        click.echo(f"input   {info}")
+    for info in model.outputs:
+        click.echo(f"output  {info}")
+    click.echo(f"nodes   {summary['nodes']}")
+    click.echo(f"params  {summary['parameters']:,} ({summary['weight_bytes']:,} bytes: "
+               + ", ".join(f"{k} {v:,}" for k, v in summary["weight_dtypes"].items()) + ")")
+    click.echo(f"flops   {summary['flops']:,.0f} (batch 1)")
+    click.echo("ops     " + ", ".join(f"{op} x{count}" for op, count in summary["ops"].items()))
+    if show_graph:
+        click.echo(str(model.graph))
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .onnx file to write.")
+@handle_errors
+def export(model_path: Path, output: Path) -> None:
+    """Export MODEL (.eim) to ONNX (checked with the ONNX checker)."""
+    from edgeinfer.api import load_any
+    from edgeinfer.converters.onnx import export as export_onnx
+
+    if output.suffix.lower() != ".onnx":
+        raise InputError(f"-o {output}: expected a path ending in .onnx")
+    model = load_any(model_path)
+    export_onnx(model.graph, output)
+    click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The CLI: convert/run/inspect/export work; bad input gives one line and exit status 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import edgeinfer as ei
+from edgeinfer.cli import main
+from edgeinfer.testing import assert_close
+
+
+@pytest.fixture
+def onnx_file(tmp_path, mlp_model):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model, path)
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_convert_run_inspect_export(tmp_path, onnx_file, rng):
+    eim = tmp_path / "mlp.eim"
+    result = invoke("convert", onnx_file, "-o", eim, "--report")
+    assert result.exit_code == 0, result.output
+    assert eim.is_file() and "wrote" in result.output
+
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out_dir = tmp_path / "outs"
+    result = invoke("run", eim, "--input", f"x={tmp_path / 'x.npy'}", "--repeat", 2, "--output-dir", out_dir)
+    assert result.exit_code == 0, result.output
+    assert "output y: float32[3, 4]" in result.output and "latency" in result.output
+    expected = ei.Session(ei.convert(onnx_file)).run({"x": x})["y"]
+    assert_close(np.load(out_dir / "y.npy"), expected)
+
+    result = invoke("inspect", eim)
+    assert result.exit_code == 0
+    assert "input   x: float32[Nx8]" in result.output and "MatMul x2" in result.output
+
+    onnx_out = tmp_path / "back.onnx"
+    result = invoke("export", eim, "-o", onnx_out)
+    assert result.exit_code == 0, result.output
+    onnx.checker.check_model(onnx.load(onnx_out), full_check=True)
+
+
+def test_run_with_random_inputs_and_batch(onnx_file):
+    result = invoke("run", onnx_file, "--random-inputs", "--batch", 4, "--repeat", 1)
+    assert result.exit_code == 0, result.output
+    assert "float32[4, 4]" in result.output
+
+
+def test_input_shape_override_fixes_batch(tmp_path, onnx_file):
+    eim = tmp_path / "fixed.eim"
+    assert invoke("convert", onnx_file, "-o", eim, "--input-shape", "x:2x8").exit_code == 0
+    assert ei.load(eim).inputs[0].shape == (2, 8)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["convert", "{missing}", "-o", "{out}"], "no such file"),
+    (["convert", "{bad}", "-o", "{out}"], "expected an ONNX protobuf"),
+    (["convert", "{onnx}", "-o", "{tmp}/x.txt"], "ending in .eim"),
+    (["convert", "{onnx}", "-o", "{out}", "--input-shape", "x:2xq!"], "neither a number nor a symbol"),
+    (["convert", "{onnx}", "-o", "{out}", "--input-shape", "zz:2x8"], "input shapes given for"),
+    (["run", "{onnx}", "--input", "x={missing}"], "no such file"),
+    (["run", "{onnx}", "--input", "x={wrongdtype}"], "expected dtype float32, got float64"),
+    (["run", "{onnx}", "--input", "x={pickled}"], "not a readable .npy file without pickles"),
+    (["run", "{onnx}", "--backend", "tpu", "--random-inputs"], "unknown backend"),
+    (["inspect", "{bad}"], "expected an ONNX protobuf"),
+    (["export", "{onnx}", "-o", "{tmp}/x.bin"], "ending in .onnx"),
+])
+def test_bad_input_prints_one_line_and_exits_2(tmp_path, onnx_file, args, message):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x12\x34not onnx at all")
+    np.save(tmp_path / "wrong.npy", np.zeros((1, 8), np.float64))
+    np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    values = {"missing": tmp_path / "absent.onnx", "bad": bad, "onnx": onnx_file,
+              "out": tmp_path / "o.eim", "tmp": tmp_path, "wrongdtype": tmp_path / "wrong.npy",
+              "pickled": tmp_path / "pickled.npy"}
+    result = CliRunner().invoke(main, [a.format(**values) for a in args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o.eim").exists()
+
+
+def test_console_script_has_help_for_every_command_and_no_traceback():
+    env = {**os.environ, "EDGEINFER_DEBUG": "0"}
+    for command in ([], ["convert"], ["run"], ["inspect"], ["export"]):
+        done = subprocess.run([sys.executable, "-m", "edgeinfer.cli", *command, "--help"],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 0 and "Usage:" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "edgeinfer.cli", "inspect", "/nonexistent/model.onnx"],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
