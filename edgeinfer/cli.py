@@ -179,16 +179,17 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
 @click.option("--repeat", type=click.IntRange(1), default=10, show_default=True,
               help="Timed runs after one warm-up run.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Write each output as NAME.npy here.")
+@click.option("--profile", is_flag=True, help="Print the slowest nodes of the last run with their shapes.")
 @handle_errors
 def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
-        threads: int | None, repeat: int, output_dir: Path | None) -> None:
+        threads: int | None, repeat: int, output_dir: Path | None, profile: bool) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing."""
     import edgeinfer as ei
     from edgeinfer.api import load_any
 
     model = load_any(model_path)
     feeds = _load_feeds(model, inputs, random_inputs, batch)
-    session = ei.Session(model, backend=backend, threads=threads)
+    session = ei.Session(model, backend=backend, threads=threads, debug=profile or None)
     outputs = session.run(feeds)  # warm-up, also validates the feeds
     times = []
     for _ in range(repeat):
@@ -200,6 +201,8 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
     times_ms = np.array(times) * 1000
     click.echo(f"latency ({backend}, threads={threads or 'default'}): median {np.median(times_ms):.3f} ms, "
                f"min {times_ms.min():.3f} ms over {repeat} runs")
+    if profile:
+        _print_profile(session.stats())
     if output_dir is not None:
         from edgeinfer.format.atomic import atomic_write
 
@@ -209,6 +212,21 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
             atomic_write(output_dir / f"{safe}.npy",
                          lambda handle, a=array: np.save(handle, a, allow_pickle=False))
         click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
+
+
+def _print_profile(stats: dict, top: int = 15) -> None:
+    timings = stats.get("node_timings")
+    if not timings:
+        click.echo("profile: this backend reports no per-node timings")
+        return
+    total = sum(t for _, t, _ in timings)
+    click.echo(f"profile: {len(timings)} nodes, {total * 1000:.3f} ms in kernels; slowest {top}:")
+    for label, seconds, shapes in sorted(timings, key=lambda row: -row[1])[:top]:
+        click.echo(f"  {seconds * 1000:9.3f} ms {100 * seconds / total:5.1f}%  {label} -> {shapes}")
+    if stats.get("peak_intermediate_bytes") is not None:
+        click.echo(f"peak intermediate memory: {stats['peak_intermediate_bytes']:,} bytes")
+    if stats.get("fallback_ops"):
+        click.echo(f"onnx.reference fallback ops: {stats['fallback_ops']}")
 
 
 def _preview(array: np.ndarray) -> str:

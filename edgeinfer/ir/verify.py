@@ -49,6 +49,7 @@ def verify_graph(graph: Graph, outer_scope: set[str]) -> None:
     if len(names) != len(set(names)):
         dup = next(n for n in names if names.count(n) > 1)
         _fail(graph, f"node name {dup!r} is used more than once")
+    _check_node_dtypes(graph)
     for value in graph.outputs:
         if value.name not in defined:
             _fail(graph, f"output {value.name!r} is not produced by any node, input or initializer")
@@ -63,6 +64,29 @@ def verify_graph(graph: Graph, outer_scope: set[str]) -> None:
                 if isinstance(dim, bool) or not (dim is None or isinstance(dim, str)
                                                  or (isinstance(dim, (int, np.integer)) and dim >= 0)):
                     _fail(graph, f"value {value.name!r} has invalid dim {dim!r} in shape {value.shape}")
+
+
+# Ops whose inputs and output share one element type (ONNX type constraint "T" on all of them).
+_SAME_DTYPE_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Concat", "Relu", "Sigmoid",
+    "Tanh", "Neg", "Abs", "Sqrt", "Exp", "Log", "Softmax", "LogSoftmax", "LeakyRelu", "Elu", "Erf",
+    "MatMul", "Identity", "Transpose",
+})
+
+
+def _check_node_dtypes(graph: Graph) -> None:
+    """Elementwise and shape-preserving ops: every known input/output dtype must agree."""
+    for node in graph.nodes:
+        if node.domain or node.op_type not in _SAME_DTYPE_OPS:
+            continue
+        seen = {}
+        for name in [*node.inputs, *node.outputs]:
+            value = graph.values.get(name) if name else None
+            if value is not None and value.dtype is not None:
+                seen.setdefault(value.dtype, name)
+        if len(seen) > 1:
+            found = ", ".join(f"{name}: {dtype}" for dtype, name in seen.items())
+            _fail(graph, f"{node.label}: expected one element type for its inputs and outputs, found {found}")
 
 
 def _check_const(graph: Graph, value) -> None:

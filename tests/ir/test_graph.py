@@ -124,3 +124,11 @@ def test_text_dump_and_summary():
     assert summary["weight_bytes"] == 4 * 3 * 3 * 3 * 4
     # 2 FLOPs per MAC: every output element does C_in * k * k MACs
     assert summary["flops"] == 2 * (3 * 3 * 3) * (4 * 8 * 8)
+
+
+def test_verify_rejects_inconsistent_dtypes_naming_node():
+    graph = Graph([Node("Add", ["a", "b"], ["y"], name="mix")],
+                  [Value("a", "float32", (2,)), Value("b", "int64", (2,))], [Value("y", "float32", (2,))],
+                  opset={"": 17})
+    with pytest.raises(ModelValidationError, match="mix.*one element type.*int64"):
+        graph.verify()
