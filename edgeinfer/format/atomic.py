@@ -6,6 +6,7 @@ A failed or interrupted write leaves no partial file and leaves an existing file
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         raise EdgeInferError(f"{target}: cannot write, folder {folder} does not exist")
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        _chmod_like_a_new_file(fd, target)
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
@@ -43,6 +45,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         pass
     finally:
         os.close(dir_fd)
+
+
+def _chmod_like_a_new_file(fd: int, target: Path) -> None:
+    """mkstemp creates files readable by their owner only; give the result the mode of the file
+    it replaces, or else the mode ``open()`` would give a new file (0o666 less the umask)."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        umask = os.umask(0o022)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    try:
+        os.fchmod(fd, mode)
+    except (AttributeError, OSError):  # no fchmod (Windows) or a file system without modes
+        pass
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -1,0 +1,239 @@
+"""The onnxruntime backend: export a graph to ONNX once, keep one ``InferenceSession``.
+
+Compile lowers ``edgeinfer``-domain ops that have a lowering (see ``lowerings.py``), exports
+the graph with ``graph_to_model`` and builds the session from the serialized bytes. Large
+initializers are not serialized: the model carries an external-data placeholder for each,
+and the numpy array itself is handed to onnxruntime (``add_external_initializers``), which
+uses the buffer in place. That avoids a copy of the weights (an ``.eim`` file's weights are
+memory-mapped) and protobuf's 2 GiB limit.
+
+``InferenceSession.run`` may be called from several threads at once, so the executable is
+thread safe.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph, Node
+from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
+
+from .lowerings import find_lowering, lower_graph
+
+DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
+EXTERNAL_MIN_BYTES = 16 * 1024  # smaller initializers stay in the protobuf (shape tensors, biases)
+OPTIMIZATION_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "session_config", "log_severity")
+_SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
+_STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
+_NODE_PATTERNS = (
+    re.compile(r"Name:'(?P<name>[^']*)'"),  # run time: "... running Conv node. Name:'conv1' ..."
+    re.compile(r'In Node, \("(?P<name>[^"]*)", (?P<op>[\w.]+)'),  # graph resolve errors
+    re.compile(r"Node \((?P<name>[^)]*)\) Op \((?P<op>[\w.]+)\)"),  # shape inference errors
+    re.compile(r"in node \((?P<name>[^)]*)\)"),  # type errors
+)
+
+
+def _ort():
+    import onnxruntime
+
+    return onnxruntime
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:600]
+
+
+class OnnxRuntimeExecutable(Executable):
+    thread_safe = True  # InferenceSession.run is documented as safe to call concurrently
+
+    def __init__(self, graph: Graph, session: Any, node_names: Mapping[str, Node],
+                 external: Sequence[Any]):
+        super().__init__(graph)
+        self.session = session
+        self._node_names = dict(node_names)
+        self._external = list(external)  # keep the buffers onnxruntime reads in place alive
+
+    @property
+    def session_options(self) -> Any:
+        """The ``onnxruntime.SessionOptions`` the session was built with."""
+        return self.session.get_session_options()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            results = self.session.run(None, feeds)
+        except Exception as exc:  # onnxruntime raises its own pybind exception classes
+            shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
+            raise BackendError(f"onnxruntime failed to run graph {self.graph.name!r}"
+                               f"{_where(exc, self._node_names)} with inputs {shapes}: "
+                               f"{_first_line(exc)}") from exc
+        return dict(zip(self.output_names, results, strict=True))
+
+    def stats(self) -> dict[str, Any]:
+        options = self.session_options
+        return {"providers": self.session.get_providers(),
+                "intra_op_num_threads": options.intra_op_num_threads,
+                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, **engine_options: Any):
+        self.engine_options = _check_engine_options(engine_options)
+        _providers(_ort(), self.engine_options)  # fail at creation on an unavailable provider
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        if find_lowering(node, graph) is not None:
+            return None
+        if node.domain not in _STANDARD_DOMAINS:
+            return (f"op {node.domain}::{node.op_type} is outside the standard ONNX domains and has no "
+                    "onnxruntime lowering")
+        version = graph.opset.get(node.domain, onnx.defs.onnx_opset_version())
+        try:
+            onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
+        except onnx.defs.SchemaError:
+            return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
+        return None
+
+    def compile(self, graph: Graph, options: CompileOptions | None = None) -> OnnxRuntimeExecutable:
+        options = options or CompileOptions()
+        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
+        unsupported = self.unsupported(graph)
+        if unsupported:
+            listed = "; ".join(f"{label}: {reason}" for label, reason in list(unsupported.items())[:5])
+            raise BackendError(f"onnxruntime cannot run {len(unsupported)} node(s) of graph {graph.name!r}: "
+                               f"{listed}")
+        graph = lower_graph(graph)
+        model, node_names, names, values = _export(graph)
+        ort = _ort()
+        session_options = _session_options(ort, options, engine)
+        external = [ort.OrtValue.ortvalue_from_numpy(array) for array in values]
+        if names:
+            session_options.add_external_initializers(names, external)
+        providers, provider_options = _providers(ort, engine)
+        try:
+            session = ort.InferenceSession(model.SerializeToString(), session_options,
+                                           providers=providers, provider_options=provider_options)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime could not compile graph {graph.name!r}"
+                               f"{_where(exc, node_names)}: {_first_line(exc)}") from exc
+        return OnnxRuntimeExecutable(graph, session, node_names, [*values, *external])
+
+
+def _export(graph: Graph) -> tuple[onnx.ModelProto, dict[str, Node], list[str], list[np.ndarray]]:
+    """The model to hand to onnxruntime, node name -> IR node, and the external initializers
+    (names and C-contiguous arrays) that onnxruntime will read in place."""
+    model = graph_to_model(graph, include_initializers=False, value_info=False)
+    taken = {node.name for node in graph.nodes if node.name}
+    node_names: dict[str, Node] = {}
+    for index, (proto, node) in enumerate(zip(model.graph.node, graph.nodes, strict=True)):
+        if not node.name or node.name in node_names:
+            candidate = f"{node.op_type}_{index}"
+            while candidate in taken:
+                candidate += "_"
+            taken.add(candidate)
+            proto.name = candidate
+        node_names[proto.name] = node
+    names: list[str] = []
+    values: list[np.ndarray] = []
+    for name, array in graph.initializers.items():
+        if array.dtype.kind in _SHAREABLE_KINDS and array.nbytes >= EXTERNAL_MIN_BYTES:
+            model.graph.initializer.append(_external_placeholder(name, array))
+            names.append(name)
+            values.append(np.ascontiguousarray(array))
+        else:
+            model.graph.initializer.append(array_to_tensor(array, name))
+    return model, node_names, names, values
+
+
+def _external_placeholder(name: str, array: np.ndarray) -> onnx.TensorProto:
+    tensor = onnx.TensorProto()
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "edgeinfer-in-memory"  # never read: supplied at session build
+    return tensor
+
+
+def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise BackendError(f"onnxruntime backend: unknown engine option(s) {unknown}; expected some of "
+                           f"{list(ENGINE_OPTIONS)}")
+    level = engine_options.get("optimization_level")
+    if level is not None and level not in OPTIMIZATION_LEVELS:
+        raise BackendError(f"onnxruntime backend: optimization_level {level!r}: expected one of "
+                           f"{list(OPTIMIZATION_LEVELS)}")
+    return dict(engine_options)
+
+
+def _session_options(ort: Any, options: CompileOptions, engine: Mapping[str, Any]) -> Any:
+    session_options = ort.SessionOptions()
+    if options.threads is not None:
+        if not isinstance(options.threads, int) or options.threads < 1:
+            raise BackendError(f"onnxruntime backend: threads must be a positive integer, got {options.threads!r}")
+        session_options.intra_op_num_threads = options.threads
+    session_options.inter_op_num_threads = 1
+    session_options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    level = OPTIMIZATION_LEVELS[engine.get("optimization_level", "all")]
+    session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    # Errors reach the caller as BackendError; onnxruntime's own log would repeat them.
+    session_options.log_severity_level = int(engine.get("log_severity", 4))
+    for key, value in dict(engine.get("session_config") or {}).items():
+        session_options.add_session_config_entry(str(key), str(value))
+    return session_options
+
+
+def _providers(ort: Any, engine: Mapping[str, Any]) -> tuple[list[Any], list[dict] | None]:
+    providers = list(engine.get("providers") or DEFAULT_PROVIDERS)
+    provider_options = engine.get("provider_options")
+    available = ort.get_available_providers()
+    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise BackendError(f"onnxruntime backend: provider(s) {missing} are not available in this "
+                           f"onnxruntime build; available: {available}")
+    if provider_options is not None:
+        provider_options = [dict(o or {}) for o in provider_options]
+        if len(provider_options) != len(providers):
+            raise BackendError(f"onnxruntime backend: provider_options has {len(provider_options)} entries, "
+                               f"expected one per provider ({len(providers)}: {names})")
+        if any(isinstance(p, (tuple, list)) for p in providers):
+            raise BackendError("onnxruntime backend: give provider options either in providers as "
+                               "(name, options) pairs or in provider_options, not both")
+    return providers, provider_options
+
+
+def _where(exc: BaseException, node_names: Mapping[str, Node]) -> str:
+    """`` at node 'conv1' (Conv)`` when onnxruntime's message names a node, else ``""``."""
+    text = str(exc)
+    for pattern in _NODE_PATTERNS:
+        match = pattern.search(text)
+        if match is None:
+            continue
+        name = match.group("name")
+        node = node_names.get(name)
+        if node is None:  # a node onnxruntime made by fusing ours keeps our name as a part
+            parts = [known for known in node_names if known and known in name]
+            node = node_names[max(parts, key=len)] if parts else None
+        if node is not None:
+            return f" at {node.label}"
+        op = match.groupdict().get("op")
+        return f" at node {name!r}" + (f" ({op})" if op else "")
+    return ""

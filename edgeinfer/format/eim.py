@@ -1,0 +1,433 @@
+"""The ``.eim`` file: one model, its graph as JSON and its weights ready to memory-map.
+
+Layout (all integers little-endian)::
+
+    offset  size  field
+    0       4     magic b"EIM\\x00"
+    4       2     major version (a reader refuses a newer major)
+    6       2     minor version (a newer minor only adds fields; a reader ignores them)
+    8       4     flags (none defined: must be 0)
+    12      4     reserved (must be 0)
+    16      8     JSON length J
+    24      8     data section offset D = J + 72 rounded up to a multiple of 64
+    32      8     data section length L (a multiple of 64); the file is exactly D + L bytes
+    40      32    SHA-256 of the JSON bytes
+    72      J     JSON document (UTF-8): version, metadata, tensor table, graph (document.py)
+    72+J    ...   zero padding up to D
+    D       L     tensor bytes, each tensor at a 64-aligned offset, zero padding in between
+
+Tensor table entries are ``{"dtype", "shape", "offset", "nbytes"}`` (offsets relative to D) for
+numeric tensors and ``{"dtype": "str", "shape", "strings"}`` for string tensors, whose
+elements live in the JSON (a ``{"t": "bytes"}`` tag marks a non-UTF-8 element).
+
+Loading maps the file read-only and checks every header field, the checksum, the document
+schema and every tensor's dtype, size, alignment and bounds before creating anything; numeric
+tensors become read-only numpy views into the map (no copy), which keep the map alive. The
+tensor bytes carry no checksum (reading them all would defeat the mapping): they can hold any
+value of their dtype, and the graph that uses them is checked by ``Graph.verify``.
+
+A mapped file must not be truncated in place while a model loaded from it is alive (the OS
+would fault on access); ``save_model`` never does that: it writes a new file and renames it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import mmap
+import os
+import stat
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from edgeinfer.errors import ModelFormatError, ModelValidationError
+from edgeinfer.format.atomic import atomic_write
+from edgeinfer.format.document import (
+    DocumentReader,
+    Finding,
+    TensorTable,
+    graph_to_document,
+    metadata_to_document,
+)
+from edgeinfer.ir import dtypes
+from edgeinfer.model import Model
+
+MAGIC = b"EIM\x00"
+FORMAT_VERSION = (1, 0)
+FORMAT_NAME = "edgeinfer-model"
+ALIGNMENT = 64
+HEADER = struct.Struct("<4sHHIIQQQ32s")
+HEADER_SIZE = HEADER.size
+MAX_JSON_BYTES = 256 * 1024 * 1024
+MAX_RANK = 64  # numpy's limit on array dimensions
+_TOP_FIELDS = ("format", "version", "metadata", "tensors", "graph")
+
+
+def align(offset: int) -> int:
+    return -(-offset // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True)
+class Header:
+    major: int
+    minor: int
+    json_length: int
+    data_offset: int
+    data_length: int
+    json_sha256: bytes
+
+
+# -- saving --------------------------------------------------------------------------------------
+def save_model(model: Model, path: str | os.PathLike) -> None:
+    """Write ``model`` to ``path`` atomically: a failure leaves any existing file untouched."""
+    if not isinstance(model, Model):
+        raise ModelFormatError(f"cannot save {type(model).__name__} to {os.fspath(path)}: expected an "
+                               "edgeinfer Model")
+    table = TensorTable()
+    try:
+        graph_doc = graph_to_document(model.graph, table)
+        entries, numeric, data_length = _layout(table.arrays)
+        metadata = metadata_to_document(model.metadata, "model metadata")
+    except ModelFormatError as exc:
+        raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
+    document = {"format": FORMAT_NAME, "version": list(FORMAT_VERSION), "metadata": metadata,
+                "tensors": entries, "graph": graph_doc}
+    # ASCII with escapes: a lone surrogate in a name still round-trips.
+    text = json.dumps(document, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+    if len(text) > MAX_JSON_BYTES:
+        raise ModelFormatError(f"cannot save {os.fspath(path)}: the graph document is {len(text)} bytes, "
+                               f"expected at most {MAX_JSON_BYTES} (store large data as numeric tensors)")
+    data_offset = align(HEADER_SIZE + len(text))
+    header = HEADER.pack(MAGIC, *FORMAT_VERSION, 0, 0, len(text), data_offset, data_length,
+                         hashlib.sha256(text).digest())
+
+    def write(handle: BinaryIO) -> None:
+        handle.write(header)
+        handle.write(text)
+        handle.write(bytes(data_offset - HEADER_SIZE - len(text)))
+        position = 0
+        for offset, array in numeric:
+            handle.write(bytes(offset - position))
+            position = offset + _write_tensor(handle, array)
+            if position != offset + array.nbytes:
+                raise ModelFormatError(f"cannot save {os.fspath(path)}: a tensor of {array.nbytes} bytes "
+                                       f"wrote {position - offset}")
+        handle.write(bytes(data_length - position))
+
+    try:
+        atomic_write(path, write)
+    except OSError as exc:
+        raise ModelFormatError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
+
+
+def _layout(arrays: list[np.ndarray]) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]], int]:
+    """Tensor table entries, (offset, array) of numeric tensors, and the data section length."""
+    entries: list[dict[str, Any]] = []
+    numeric: list[tuple[int, np.ndarray]] = []
+    position = 0
+    for index, array in enumerate(arrays):
+        shape = [int(d) for d in array.shape]
+        if array.dtype == object or array.dtype.kind in "US":
+            entries.append({"dtype": "str", "shape": shape, "strings": _string_items(array, index)})
+            continue
+        nbytes = int(array.size) * array.dtype.itemsize
+        entries.append({"dtype": dtypes.name_of(array.dtype), "shape": shape, "offset": position,
+                        "nbytes": nbytes})
+        numeric.append((position, array))
+        position = align(position + nbytes)
+    return entries, numeric, position
+
+
+def _string_items(array: np.ndarray, index: int) -> list[Any]:
+    items: list[Any] = []
+    for item in array.reshape(-1).tolist():
+        if isinstance(item, str):
+            items.append(item)
+        elif isinstance(item, bytes):
+            items.append({"t": "bytes", "b64": _b64(item)})
+        else:
+            raise ModelFormatError(f"cannot save string tensor #{index} of shape {array.shape}: expected "
+                                   f"str or bytes elements, found {type(item).__name__} {item!r:.40}")
+    return items
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    order = array.dtype.byteorder
+    if order == ">" or (order == "=" and sys.byteorder == "big"):
+        return array.astype(array.dtype.newbyteorder("<"))
+    return array
+
+
+def _write_tensor(handle: BinaryIO, array: np.ndarray) -> int:
+    """Write one tensor's bytes (C order, little-endian); returns the byte count."""
+    if array.size == 0:
+        return 0
+    data = _little_endian(np.ascontiguousarray(array))  # copies only a strided or big-endian array
+    handle.write(data.reshape(-1).view(np.uint8))
+    return data.nbytes
+
+
+# -- loading -------------------------------------------------------------------------------------
+def load_model(path: str | os.PathLike) -> Model:
+    """Read an ``.eim`` file; numeric weights are read-only views into a memory map."""
+    try:
+        source = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise ModelFormatError(f"cannot load {path!r}: expected a file path (str or os.PathLike), found "
+                               f"{type(path).__name__}") from None
+    mapped = _map(source)
+    try:
+        model = _load_mapped(mapped, source)
+    except RecursionError:
+        _close(mapped)
+        raise ModelFormatError(f"{source}: the document nests too deeply to read") from None
+    except BaseException:
+        _close(mapped)
+        raise
+    _close(mapped)  # a no-op while weights view the map; it then closes when the last view dies
+    return model
+
+
+def _close(mapped: mmap.mmap) -> None:
+    try:
+        mapped.close()
+    except BufferError:  # views exist: they own the map now
+        pass
+
+
+def _map(source: str) -> mmap.mmap:
+    try:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise ModelFormatError(f"{source}: no such file (expected an .eim model file)") from None
+    except OSError as exc:
+        raise ModelFormatError(f"{source}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelFormatError(f"{source}: expected a regular .eim file, found "
+                                   f"{'a directory' if stat.S_ISDIR(info.st_mode) else 'a special file'}")
+        if info.st_size == 0:
+            raise ModelFormatError(f"{source}: the file is empty (expected an .eim model, at least "
+                                   f"{HEADER_SIZE} bytes)")
+        try:
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise ModelFormatError(f"{source}: cannot memory-map the file: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def read_header(mapped: mmap.mmap | bytes, source: str) -> Header:
+    """The validated fixed header; every field is checked against the file size."""
+    size = len(mapped)
+    if size < len(MAGIC) or mapped[:len(MAGIC)] != MAGIC:
+        raise ModelFormatError(f"{source}: not an .eim file: expected magic {MAGIC!r}, found "
+                               f"{bytes(mapped[:len(MAGIC)])!r}")
+    if size < HEADER_SIZE:
+        raise ModelFormatError(f"{source}: truncated header: expected at least {HEADER_SIZE} bytes, "
+                               f"found {size}")
+    _, major, minor, flags, reserved, json_length, data_offset, data_length, digest = \
+        HEADER.unpack_from(mapped, 0)
+    if major != FORMAT_VERSION[0]:
+        newer = " (written by a newer edgeinfer; upgrade to read it)" if major > FORMAT_VERSION[0] else ""
+        raise ModelFormatError(f"{source}: unsupported .eim version {major}.{minor}: expected major "
+                               f"version {FORMAT_VERSION[0]}{newer}")
+    if flags or reserved:
+        raise ModelFormatError(f"{source}: header flags {flags:#x}, reserved {reserved:#x}: expected 0 "
+                               f"for version {major}.{minor}")
+    if not 0 < json_length <= min(MAX_JSON_BYTES, size - HEADER_SIZE):
+        raise ModelFormatError(f"{source}: JSON length {json_length}: expected 1 to "
+                               f"{min(MAX_JSON_BYTES, size - HEADER_SIZE)} bytes (file has {size} bytes); "
+                               "the file is truncated or corrupt")
+    expected_offset = align(HEADER_SIZE + json_length)
+    if data_offset != expected_offset:
+        raise ModelFormatError(f"{source}: data section offset {data_offset}: expected {expected_offset} "
+                               "(JSON end rounded up to 64)")
+    if data_length % ALIGNMENT or data_offset + data_length != size:
+        raise ModelFormatError(f"{source}: data section of {data_length} bytes at {data_offset}: expected "
+                               f"a multiple of {ALIGNMENT} ending at the file size {size}; the file is "
+                               "truncated, extended or corrupt")
+    return Header(major, minor, json_length, data_offset, data_length, digest)
+
+
+def read_document(mapped: mmap.mmap | bytes, header: Header, source: str) -> dict[str, Any]:
+    """The JSON document, checked against the header's checksum and parsed strictly."""
+    raw = bytes(mapped[HEADER_SIZE:HEADER_SIZE + header.json_length])
+    digest = hashlib.sha256(raw).digest()
+    if digest != header.json_sha256:
+        raise ModelFormatError(f"{source}: JSON checksum mismatch: expected SHA-256 "
+                               f"{header.json_sha256.hex()[:16]}..., found {digest.hex()[:16]}...; "
+                               "the file is corrupt")
+    try:
+        document = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant,
+                              object_pairs_hook=_unique_keys)
+    except UnicodeDecodeError as exc:
+        raise ModelFormatError(f"{source}: JSON document: expected UTF-8, found an invalid byte at "
+                               f"{HEADER_SIZE + exc.start}") from None
+    except ValueError as exc:  # JSONDecodeError, the checks below, int too long to convert
+        raise ModelFormatError(f"{source}: JSON document: {exc}") from None
+    if not isinstance(document, dict):
+        raise ModelFormatError(f"{source}: JSON document: expected an object, found "
+                               f"{type(document).__name__}")
+    return document
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"expected finite numbers, found {name} (non-finite values are tagged objects)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"expected unique keys in every object, found {duplicate!r} twice")
+    return obj
+
+
+def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
+    header = read_header(mapped, source)
+    document = read_document(mapped, header, source)
+    reader = DocumentReader([], source, strict=header.minor <= FORMAT_VERSION[1])
+    document = reader.fields(document, "document", _TOP_FIELDS)
+    if document["format"] != FORMAT_NAME:
+        raise reader.fail("document.format", repr(FORMAT_NAME), document["format"])
+    if document["version"] != [header.major, header.minor]:
+        raise reader.fail("document.version", f"[{header.major}, {header.minor}] as in the header",
+                          document["version"])
+    metadata = reader.str_map(document["metadata"], "document.metadata")
+    reader.tensors = _read_tensors(mapped, header, document["tensors"], reader)
+    graph = reader.graph(document["graph"], "document.graph")
+    try:
+        graph.verify()
+    except ModelValidationError as exc:
+        raise ModelValidationError(f"{source}: {exc}") from None
+    return Model(graph, metadata)
+
+
+@dataclass(frozen=True)
+class _Span:
+    index: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: DocumentReader) -> list[np.ndarray]:
+    """Validate the whole tensor table first, then create the views (no copies)."""
+    entries = reader.array(table, "document.tensors")
+    spans: list[_Span] = []
+    strings: dict[int, np.ndarray] = {}
+    for index, entry in enumerate(entries):
+        where = f"document.tensors[{index}]"
+        if not isinstance(entry, dict):
+            raise reader.fail(where, "a tensor entry object", entry)
+        name = entry.get("dtype")
+        if name == "str":
+            strings[index] = _string_tensor(reader.fields(entry, where, ("dtype", "shape", "strings")),
+                                            where, reader)
+            continue
+        entry = reader.fields(entry, where, ("dtype", "shape", "offset", "nbytes"))
+        if name not in dtypes.NUMERIC_DTYPES:
+            raise reader.fail(f"{where}.dtype", f"one of {', '.join(dtypes.NUMERIC_DTYPES)} or str", name)
+        dtype = _file_dtype(name)
+        shape = _tensor_shape(entry["shape"], f"{where}.shape", reader)
+        offset = reader.integer(entry["offset"], f"{where}.offset", maximum=header.data_length)
+        nbytes = reader.integer(entry["nbytes"], f"{where}.nbytes", maximum=header.data_length)
+        if offset % ALIGNMENT:
+            raise reader.fail(f"{where}.offset", f"a multiple of {ALIGNMENT}", offset)
+        expected = _product(shape) * dtype.itemsize  # Python ints: no overflow
+        if nbytes != expected:
+            raise reader.fail(f"{where}.nbytes", f"{expected} (shape {list(shape)} x {dtype.itemsize} bytes)",
+                              nbytes)
+        if offset + nbytes > header.data_length:
+            raise reader.fail(where, f"bytes within the {header.data_length}-byte data section",
+                              Finding(f"{nbytes} bytes at offset {offset}"))
+        spans.append(_Span(index, dtype, shape, offset, nbytes))
+    _check_disjoint(spans, reader)
+    tensors: list[np.ndarray | None] = [None] * len(entries)
+    for index, array in strings.items():
+        tensors[index] = array
+    for span in spans:
+        tensors[span.index] = _view(mapped, header, span, reader)
+    return tensors  # type: ignore[return-value]
+
+
+def _file_dtype(name: str) -> np.dtype:
+    dtype = dtypes.numpy_dtype(name)
+    if dtype.itemsize > 1 and sys.byteorder == "big":
+        dtype = dtype.newbyteorder("<")
+    return dtype
+
+
+def _tensor_shape(obj: Any, where: str, reader: DocumentReader) -> tuple[int, ...]:
+    dims = reader.array(obj, where)
+    if len(dims) > MAX_RANK:
+        raise reader.fail(where, f"at most {MAX_RANK} dims", Finding(f"{len(dims)} dims"))
+    return tuple(reader.integer(dim, f"{where}[{axis}]") for axis, dim in enumerate(dims))
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _check_disjoint(spans: list[_Span], reader: DocumentReader) -> None:
+    previous: _Span | None = None
+    for span in sorted((s for s in spans if s.nbytes), key=lambda s: s.offset):
+        if previous is not None and span.offset < previous.offset + previous.nbytes:
+            raise reader.fail(f"document.tensors[{span.index}].offset",
+                              f"bytes not shared with tensor {previous.index} "
+                              f"(which ends at {previous.offset + previous.nbytes})", span.offset)
+        previous = span
+
+
+def _view(mapped: mmap.mmap, header: Header, span: _Span, reader: DocumentReader) -> np.ndarray:
+    if span.nbytes == 0:
+        array = np.empty(span.shape, dtype=span.dtype)
+        array.flags.writeable = False
+        return array
+    start = header.data_offset + span.offset
+    array = np.frombuffer(mapped, dtype=span.dtype, count=span.nbytes // span.dtype.itemsize, offset=start)
+    if span.dtype.kind == "b":  # any byte but 0 and 1 would be an invalid numpy bool
+        raw = np.frombuffer(mapped, dtype=np.uint8, count=span.nbytes, offset=start)
+        if raw.max() > 1:
+            raise reader.fail(f"document.tensors[{span.index}]", "bool bytes of 0 or 1",
+                              Finding(f"byte {int(raw.max())}"))
+    return array.reshape(span.shape)
+
+
+def _string_tensor(entry: dict[str, Any], where: str, reader: DocumentReader) -> np.ndarray:
+    shape = _tensor_shape(entry["shape"], f"{where}.shape", reader)
+    items = reader.array(entry["strings"], f"{where}.strings")
+    if len(items) != _product(shape):
+        raise reader.fail(f"{where}.strings", f"{_product(shape)} strings (shape {list(shape)})",
+                          Finding(f"{len(items)} strings"))
+    decoded: list[str | bytes] = []
+    for i, item in enumerate(items):
+        at = f"{where}.strings[{i}]"
+        if isinstance(item, str):
+            decoded.append(item)
+            continue
+        item = reader.fields(item, at, ("t", "b64"))
+        if item["t"] != "bytes":
+            raise reader.fail(f"{at}.t", "'bytes'", item["t"])
+        decoded.append(reader.base64_bytes(item["b64"], f"{at}.b64"))
+    array = np.empty(len(decoded), dtype=object)
+    array[:] = decoded
+    array = array.reshape(shape)
+    array.flags.writeable = False
+    return array
