@@ -1,12 +1,22 @@
 """Graph optimization passes. Every module in this package registers its passes with
-``@graph_pass``; ``optimize`` runs the pipeline."""
+``@graph_pass``; ``optimize`` runs them in the order of ``PIPELINE_ORDER`` (manager.py)."""
 
 import importlib
 import pkgutil
 
-from edgeinfer.passes.manager import PIPELINE, PassReport, PassResult, graph_pass, optimize
+from edgeinfer.passes.manager import (
+    PIPELINE,
+    PIPELINE_ORDER,
+    PassReport,
+    PassResult,
+    get_pass,
+    graph_pass,
+    optimize,
+    run_pass,
+)
 
 _LOADED = False
+_HELPERS = {"manager", "rules"}
 
 
 def load_all() -> None:
@@ -14,10 +24,12 @@ def load_all() -> None:
     global _LOADED
     if _LOADED:
         return
+    importlib.import_module("edgeinfer.ir.lowering")  # type rules of the edgeinfer-domain ops
     for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if module.name != "manager":
+        if module.name not in _HELPERS:
             importlib.import_module(f"{__name__}.{module.name}")
     _LOADED = True
 
 
-__all__ = ["PIPELINE", "PassReport", "PassResult", "graph_pass", "optimize", "load_all"]
+__all__ = ["PIPELINE", "PIPELINE_ORDER", "PassReport", "PassResult", "get_pass", "graph_pass",
+           "optimize", "run_pass", "load_all"]
