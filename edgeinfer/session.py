@@ -76,7 +76,7 @@ class Session:
             if not isinstance(array, np.ndarray):
                 array = np.asarray(array)
             want = self._np_dtypes[name]
-            if want is not None and array.dtype != want and not (want == object and array.dtype.kind in "OUS"):
+            if want is not None and array.dtype != want and not (want.kind == "O" and array.dtype.kind in "OUS"):
                 raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {array.dtype}")
             if info.shape is not None:
                 _check_shape(name, info.shape, array.shape, bound)

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backend import Backend, CompileOptions, Executable
-from edgeinfer.errors import BackendError, EdgeInferError, UnsupportedOpError
-from edgeinfer.ir import Graph, Node, dtypes
 from edgeinfer.backends.numpy.fallback import ReferenceNode, reference_supports
 from edgeinfer.backends.numpy.registry import KERNELS, KernelContext
+from edgeinfer.errors import BackendError, EdgeInferError, UnsupportedOpError
+from edgeinfer.ir import Graph, Node, dtypes
 
 
 def _opset_for(node: Node, graph: Graph) -> int:

@@ -14,15 +14,15 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
 from edgeinfer.errors import ModelValidationError
 from edgeinfer.ir import dtypes
 
-Dim = Union[int, str, None]
-Shape = Union[tuple[Dim, ...], None]
+Dim = int | str | None
+Shape = tuple[Dim, ...] | None
 
 ONNX_DOMAIN = ""
 EDGEINFER_DOMAIN = "edgeinfer"
