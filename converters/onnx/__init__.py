@@ -28,6 +28,11 @@ from edgeinfer.ir.onnx_io import graph_from_model, opset_of
 SUFFIXES = (".onnx",)
 MIN_OPSET = 7
 UPGRADE_TARGET = 13  # opsets below this are upgraded; newer ones are kept as they are
+# onnx.version_converter adapters that change results (checked against onnxruntime): Upsample
+# and Resize-10 become Resize-13 without coordinate_transformation_mode="asymmetric" (linear
+# mode shifts), and Hardmax-11 becomes Hardmax-13 without the flatten-to-2D step. A model
+# holding one of these ops below the given opset keeps its opset; versioned kernels run it.
+UPGRADE_UNSAFE_BELOW = {"Upsample": 10_000, "Resize": 11, "Hardmax": 13}
 
 
 def accepts(source: Any) -> bool:
@@ -134,7 +139,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: boo
         from onnx import inliner
 
         model = inliner.inline_local_functions(model)
-    if upgrade and version < UPGRADE_TARGET:
+    if upgrade and version < UPGRADE_TARGET and not _upgrade_unsafe(model.graph, version):
         model = _upgraded(model)
     try:
         onnx.checker.check_model(model)
@@ -145,6 +150,17 @@ def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: boo
     graph = graph.sorted()  # raises ModelValidationError naming a node on a cycle
     graph.verify()
     return graph
+
+
+def _upgrade_unsafe(graph: onnx.GraphProto, version: int) -> bool:
+    for node in graph.node:
+        if node.domain in ("", "ai.onnx") and version < UPGRADE_UNSAFE_BELOW.get(node.op_type, 0):
+            return True
+        for attr in node.attribute:
+            subs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+            if any(_upgrade_unsafe(sub, version) for sub in subs):
+                return True
+    return False
 
 
 def _upgraded(model: onnx.ModelProto) -> onnx.ModelProto:

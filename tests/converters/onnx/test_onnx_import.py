@@ -175,3 +175,26 @@ def test_local_functions_are_inlined(rng):
     assert {n.op_type for n in graph.nodes} == {"Sigmoid", "Mul"}
     x = rng.standard_normal(3).astype(np.float32)
     assert_close(ei.Session(ei.Model(graph)).run({"x": x})["y"], ort_run(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("op, opset, attrs", [
+    ("Upsample", 9, {"mode": "linear"}),
+    ("Resize", 10, {"mode": "linear"}),
+    ("Hardmax", 11, {"axis": 1}),
+    ("Softmax", 11, {"axis": 1}),
+])
+def test_old_opset_semantics_survive_import(op, opset, attrs, rng):
+    """Ops whose meaning changed across opsets give the old results (onnxruntime on the original)."""
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    inits = []
+    inputs = ["x"]
+    if op in ("Upsample", "Resize"):
+        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+        inputs.append("scales")
+    graph = helper.make_graph([helper.make_node(op, inputs, ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", 1, x.shape)],
+                              [helper.make_tensor_value_info("y", 1, ["a", "b", "c", "d"])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    expected = ort_run(model, {"x": x})[0]
+    assert_close(ei.Session(ei.convert(model)).run({"x": x})["y"], expected)
