@@ -73,6 +73,9 @@ class Session:
         checked = {}
         for name, info in self._expected.items():
             array = feeds[name]
+            if info.dtype is not None and not dtypes.is_tensor_type(info.dtype):
+                checked[name] = _check_container(name, info.dtype, array)
+                continue
             if not isinstance(array, np.ndarray):
                 array = np.asarray(array)
             want = self._np_dtypes[name]
@@ -82,6 +85,18 @@ class Session:
                 _check_shape(name, info.shape, array.shape, bound)
             checked[name] = array
         return checked
+
+
+def _check_container(name: str, dtype: str, value: Any) -> Any:
+    """Sequence inputs take a list of arrays; optional inputs also take None."""
+    if dtype.startswith("optional(") and value is None:
+        return None
+    inner = dtype[dtype.index("(") + 1:-1]
+    if dtype.startswith("optional("):
+        return _check_container(name, inner, value) if not dtypes.is_tensor_type(inner) else np.asarray(value)
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"input {name!r}: expected a list of arrays ({dtype}), got {type(value).__name__}")
+    return [np.asarray(item) for item in value]
 
 
 def _feed_dtype(name: str | None):

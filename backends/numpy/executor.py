@@ -44,12 +44,16 @@ def _np_dtype(name: str | None):
 
 
 class Step:
-    __slots__ = ("node", "call", "inputs", "outputs", "free", "fallback")
+    __slots__ = ("node", "call", "inputs", "outputs", "produced", "free", "fallback", "sequence_output")
 
-    def __init__(self, node: Node, call: Callable, inputs: list[str], outputs: list[str], fallback: bool):
+    def __init__(self, node: Node, call: Callable, inputs: list[str], outputs: list[str], fallback: bool,
+                 sequence_output: bool = False):
         self.node, self.call, self.inputs, self.outputs = node, call, inputs, outputs
+        self.produced = [o for o in outputs if o]
         self.free: list[str] = []
         self.fallback = fallback
+        # a single output of sequence type: a returned list is that one value, not several outputs
+        self.sequence_output = sequence_output
 
 
 def _bind_kernel(node: Node, graph: Graph, fn: Callable) -> Callable[[dict], Any]:
@@ -98,9 +102,12 @@ class NumpyExecutable(Executable):
                 call, fallback = ref, True
                 self.fallback_ops[node.op_type] = self.fallback_ops.get(node.op_type, 0) + 1
             extra = [n for n in (ref.extra_inputs if fallback else []) if n]
+            single_sequence = (not fallback and len(node.outputs) == 1 and bool(node.outputs[0])
+                               and "sequence(" in (graph.values[node.outputs[0]].dtype or ""))
             self.steps.append(Step(node, call, [i for i in node.inputs if i] + extra,
-                                   list(node.outputs), fallback))
+                                   list(node.outputs), fallback, single_sequence))
         self._plan_memory()
+        self._produced = frozenset(o for step in self.steps for o in step.outputs if o)
         self._limiter = _thread_limiter(options.threads)
         self._last_stats: dict[str, Any] = {}
 
@@ -124,6 +131,7 @@ class NumpyExecutable(Executable):
         values: dict[str, Any] = dict(self.constants)
         values.update(feeds)
         live = peak = 0
+        produced = self._produced
         timings = [] if self.options.debug else None
         for step in self.steps:
             start = time.perf_counter() if timings is not None else 0.0
@@ -135,13 +143,16 @@ class NumpyExecutable(Executable):
                 shapes = [getattr(values.get(n), "shape", None) for n in step.inputs]
                 raise BackendError(f"{step.node.label} failed on inputs of shapes {shapes}: "
                                    f"{type(exc).__name__}: {exc}") from exc
-            if not isinstance(result, (tuple, list)):
+            if not isinstance(result, (tuple, list)) or step.sequence_output:
                 result = (result,)
-            if len(result) < len(step.outputs) and not step.fallback:
+            names = step.produced if step.fallback else step.outputs  # reference skips omitted outputs
+            if len(result) < len(names):
                 raise BackendError(f"{step.node.label}: kernel returned {len(result)} outputs, "
-                                   f"expected {len(step.outputs)}")
-            for name, array in zip(step.outputs, result):
+                                   f"expected {len(names)}")
+            for name, array in zip(names, result):
                 if name:
+                    if isinstance(array, np.generic):
+                        array = np.asarray(array)
                     values[name] = array
                     live += getattr(array, "nbytes", 0)
             peak = max(peak, live)
@@ -149,7 +160,9 @@ class NumpyExecutable(Executable):
                 timings.append((step.node.label, time.perf_counter() - start,
                                 [getattr(values.get(o), "shape", None) for o in step.outputs if o]))
             for name in step.free:
-                live -= getattr(values.pop(name, None), "nbytes", 0)
+                array = values.pop(name, None)
+                if name in produced:
+                    live -= getattr(array, "nbytes", 0)
         self._last_stats = {"peak_intermediate_bytes": peak, "node_timings": timings}
         return {name: values[name] for name in self.output_names}
 

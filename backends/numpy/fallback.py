@@ -50,9 +50,15 @@ class ReferenceNode:
 
 def reference_supports(node: Node, opset: dict[str, int]) -> str | None:
     """None if onnx.reference has an implementation for this op at this opset."""
-    from onnx.reference.ops import load_op
+    import importlib
 
+    loaders = {"": "onnx.reference.ops", "ai.onnx.ml": "onnx.reference.ops.aionnxml",
+               "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
+               "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training"}
+    if node.domain not in loaders:
+        return f"no numpy kernel, and onnx.reference has no ops of domain {node.domain!r}"
     try:
+        load_op = importlib.import_module(loaders[node.domain]).load_op
         load_op(node.domain, node.op_type, opset.get(node.domain, 1))
     except Exception as exc:  # onnx raises RuntimeError / NotImplementedError / ValueError
         return f"no numpy kernel and no onnx.reference kernel ({exc})".split("\n")[0]

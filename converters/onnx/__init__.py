@@ -124,13 +124,16 @@ def _check_ops_known(graph: onnx.GraphProto, opset: dict[str, int], where: str) 
 
 def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: bool = True) -> Graph:
     opset = opset_of(model)
-    version = opset.get("", None)
-    if version is None:
-        raise ModelFormatError(f"{where}: expected an import of the default ONNX opset, found "
-                               f"only {sorted(opset)}")
+    if not opset:
+        raise ModelFormatError(f"{where}: expected opset imports, found none")
+    version = opset.get("", onnx.defs.onnx_opset_version())  # e.g. a pure ai.onnx.ml model
     if version < MIN_OPSET:
-        raise ModelFormatError(f"{where}: opset {version} is older than the oldest supported ({MIN_OPSET}); "
-                               "re-export the model with a newer exporter")
+        model = _upgraded(model)
+        if opset_of(model).get("", 0) < MIN_OPSET:
+            raise ModelFormatError(f"{where}: opset {version} is older than the oldest supported "
+                                   f"({MIN_OPSET}) and onnx.version_converter cannot upgrade it; "
+                                   "re-export the model with a newer exporter")
+        version = opset_of(model)[""]
     if version > onnx.defs.onnx_opset_version():
         raise ModelFormatError(f"{where}: opset {version} is newer than this onnx package knows "
                                f"({onnx.defs.onnx_opset_version()}); upgrade onnx")

@@ -149,13 +149,15 @@ def test_every_opset_from_7_imports_and_runs(opset, rng):
     assert got.shape == (1, 2, 64)
 
 
-def test_opset_older_than_7_is_refused():
+def test_opset_older_than_7_is_upgraded_when_the_converter_can(rng):
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", 1, [1])],
-                              [helper.make_tensor_value_info("y", 1, [1])])
+                              [helper.make_tensor_value_info("x", 1, [4])],
+                              [helper.make_tensor_value_info("y", 1, [4])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 6)])
-    with pytest.raises(ModelFormatError, match="opset 6"):
-        ei.convert(model)
+    converted = ei.convert(model)
+    assert converted.graph.opset[""] >= 7
+    x = rng.standard_normal(4).astype(np.float32)
+    assert_close(ei.Session(converted).run({"x": x})["y"], np.maximum(x, 0))
 
 
 def test_local_functions_are_inlined(rng):
