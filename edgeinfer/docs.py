@@ -46,6 +46,7 @@ def backend_ops_markdown() -> str:
 # file name -> "module:function" returning the file's text
 GENERATORS: dict[str, str] = {
     "ops.md": "edgeinfer.docs:backend_ops_markdown",
+    "tensorflow_ops.md": "edgeinfer.converters.tensorflow.docs:render",
 }
 
 

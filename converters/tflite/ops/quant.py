@@ -1,0 +1,36 @@
+"""QUANTIZE and DEQUANTIZE.
+
+In the QDQ import every quantized tensor already has a float view, so both ops relabel that
+view: the importer quantizes an op's quantized outputs itself (``QuantizeLinear`` with the
+output's scale), which is exactly QUANTIZE (float -> int8) and requantization (int8 -> int8
+with new parameters). DEQUANTIZE of a float16 constant (fp16-weight models) is a ``Cast``.
+"""
+
+from __future__ import annotations
+
+from edgeinfer.converters.tflite.importer import OpContext, rule
+from edgeinfer.errors import UnsupportedOpError
+from edgeinfer.ir import dtypes
+
+
+@rule("QUANTIZE")
+def quantize(ctx: OpContext) -> None:
+    if not ctx.imp.is_quantized(ctx.out_tensor()):
+        raise UnsupportedOpError(f"{ctx.where}: output {ctx.out_tensor().name!r} has no quantization "
+                                 "parameters")
+    ctx.set_output(0, ctx.x(0))
+
+
+@rule("DEQUANTIZE")
+def dequantize(ctx: OpContext) -> None:
+    tensor = ctx.tensor(0)
+    if ctx.imp.is_quantized(tensor):
+        value = ctx.x(0)
+        if ctx.imp.is_quantized(ctx.out_tensor()):
+            raise UnsupportedOpError(f"{ctx.where}: a quantized output of DEQUANTIZE is not supported")
+        ctx.set_output(0, value)
+    elif tensor.dtype == "float16":
+        ctx.emit1("Cast", [ctx.x(0)], ctx.out(), to=dtypes.to_onnx(ctx.out_tensor().dtype))
+    else:
+        raise UnsupportedOpError(f"{ctx.where}: input {tensor.name!r} of type {tensor.type_name} has no "
+                                 "quantization parameters")

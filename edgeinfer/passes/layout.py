@@ -1,0 +1,220 @@
+"""Cancel layout transposes (``cancel_transposes``, level 1).
+
+Importers of NHWC frameworks (TFLite, Keras) wrap every layout-sensitive op in
+``Transpose(NHWC->NCHW) ... Transpose(NCHW->NHWC)``. Between two such ops the pair meets and
+cancels; when elementwise ops sit between them, the transpose is first pushed down through
+them. The rules, with ``T_p`` a Transpose by permutation ``p`` and ``p^-1`` its inverse:
+
+- pair:       ``T_q(T_p(x)) = T_{p∘q}(x)``, where ``(p∘q)[i] = p[q[i]]``; an identity
+              composition leaves ``x`` itself (an Identity that ``remove_identity`` drops);
+- unary:      ``U(T_p(x)) = T_p(U(x))`` for any elementwise ``U`` (activations, casts,
+              per-tensor Quantize/DequantizeLinear);
+- n-ary:      ``B(T_p(x), T_p(y), c) = T_p(B(x, y, c'))`` for broadcasting elementwise ``B``
+              when every run-time input is ``T_p`` of a same-rank value; a constant ``c`` is
+              brought to full rank and transposed by ``p^-1`` (``c' = c[..]^T_{p^-1}``);
+- concat:     ``Concat_a(T_p(x), T_p(y)) = T_p(Concat_{p[a]}(x, y))``;
+- reduce:     ``R_A(T_p(x)) = T_r(R_{p[A]}(x))``; with ``keepdims=0`` ``r`` is the order of the
+              surviving dims, often the identity (global average pooling of NHWC needs none).
+
+Each push moves a transpose towards the outputs without adding one, so rewriting terminates,
+and a pair that meets is removed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.ir import Node, Value
+from edgeinfer.passes.rules import GraphView, Match, Rewrite, Rule, rule_pass
+
+UNARY = frozenset({
+    "Relu", "Clip", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Floor", "Ceil", "Round",
+    "Sin", "Cos", "Elu", "Selu", "Celu", "HardSwish", "HardSigmoid", "LeakyRelu", "Erf", "Reciprocal",
+    "Cast", "Not", "Sign", "Softplus", "Softsign", "Mish", "Identity", "QuantizeLinear", "DequantizeLinear",
+})
+NARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "Equal", "Less",
+                  "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where"})
+REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                    "ReduceLogSumExp", "ReduceSumSquare"})  # axes as an attribute at opset 17
+# Inputs of a unary op beyond the first that must be scalar constants for the op to commute.
+_SCALAR_OPERANDS = {"Clip": (1, 2), "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2)}
+
+
+def _perm(node: Node) -> tuple[int, ...] | None:
+    perm = node.attrs.get("perm")
+    return None if perm is None else tuple(int(p) for p in perm)
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argsort(perm))
+
+
+def _transpose_of(view: GraphView, name: str) -> Node | None:
+    node = view.producer(name, "Transpose")
+    return node if node is not None and _perm(node) is not None else None
+
+
+def _pre_transpose_value(view: GraphView, name: str, new_name: str, perm: tuple[int, ...]) -> Value:
+    """The type of ``new_name``: ``name``'s type with dims in the order before ``T_perm``."""
+    value = view.value(name)
+    shape = None
+    if value is not None and value.shape is not None and len(value.shape) == len(perm):
+        inverse = _inverse(perm)
+        shape = tuple(value.shape[inverse[j]] for j in range(len(perm)))
+    return Value(new_name, value.dtype if value is not None else None, shape)
+
+
+def _push_below(view: GraphView, root: Node, inputs: list[str], perm: tuple[int, ...],
+                attrs: dict | None = None, initializers: dict | None = None) -> Rewrite:
+    """``root`` on ``inputs`` (already in pre-transpose layout), then ``T_perm`` into its output."""
+    out = root.outputs[0]
+    inner = view.fresh(f"{out}_pre_T")
+    moved = root.with_(inputs=tuple(inputs), outputs=(inner,), attrs=attrs if attrs is not None else root.attrs)
+    transpose = Node("Transpose", [inner], [out], {"perm": perm}, name=view.fresh(f"{out}_T"))
+    return Rewrite([moved, transpose], dict(initializers or {}), [_pre_transpose_value(view, out, inner, perm)])
+
+
+# -- pair ---------------------------------------------------------------------------------------
+def _match_pair(view: GraphView, node: Node) -> Match | None:
+    first = _transpose_of(view, node.inputs[0]) if _perm(node) is not None else None
+    if first is None or len(_perm(first)) != len(_perm(node)):
+        return None
+    return Match((node,), {"first": first}, anchors=(first,))
+
+
+def _rewrite_pair(view: GraphView, match: Match) -> Rewrite:
+    first, root = match["first"], match.root
+    p, q = _perm(first), _perm(root)
+    composed = tuple(p[i] for i in q)
+    source = first.inputs[0]
+    if composed == tuple(range(len(composed))):
+        return Rewrite([Node("Identity", [source], list(root.outputs), name=root.name)])
+    return Rewrite([root.with_(inputs=(source,), attrs={"perm": composed})])
+
+
+# -- unary --------------------------------------------------------------------------------------
+def _scalar_const(view: GraphView, name: str) -> bool:
+    data = view.const(name)
+    return not name or (data is not None and data.size == 1)
+
+
+def _match_unary(view: GraphView, node: Node) -> Match | None:
+    if not node.inputs or len(node.outputs) != 1:
+        return None
+    transpose = _transpose_of(view, node.inputs[0])
+    if transpose is None:
+        return None
+    for index in _SCALAR_OPERANDS.get(node.op_type, ()):
+        if index < len(node.inputs) and not _scalar_const(view, node.inputs[index]):
+            return None
+    return Match((transpose, node), {"transpose": transpose})
+
+
+def _rewrite_unary(view: GraphView, match: Match) -> Rewrite:
+    transpose, root = match["transpose"], match.root
+    return _push_below(view, root, [transpose.inputs[0]] + list(root.inputs[1:]), _perm(transpose))
+
+
+# -- n-ary elementwise ----------------------------------------------------------------------------
+def _match_nary(view: GraphView, node: Node) -> Match | None:
+    if len(node.outputs) != 1 or not node.inputs:
+        return None
+    transposes: dict[int, Node] = {}
+    perm = None
+    for index, name in enumerate(node.inputs):
+        if view.const(name) is not None:
+            continue
+        transpose = _transpose_of(view, name)
+        if transpose is None or (perm is not None and _perm(transpose) != perm):
+            return None
+        perm = _perm(transpose)
+        transposes[index] = transpose
+    if perm is None:
+        return None
+    rank = len(perm)
+    out_shape = view.shape(node.outputs[0])
+    if out_shape is None or len(out_shape) != rank:
+        return None
+    for index, name in enumerate(node.inputs):
+        shape = view.shape(name)
+        if shape is None or len(shape) > rank or (index in transposes and len(shape) != rank):
+            return None
+    unique = list({id(t): t for t in transposes.values()}.values())
+    return Match((*unique, node), {"transposes": transposes, "perm": perm})
+
+
+def _rewrite_nary(view: GraphView, match: Match) -> Rewrite:
+    root, perm, transposes = match.root, match["perm"], match["transposes"]
+    inverse = _inverse(perm)
+    inputs, inits = [], {}
+    for index, name in enumerate(root.inputs):
+        if index in transposes:
+            inputs.append(transposes[index].inputs[0])
+            continue
+        data = view.const(name)
+        if data.size == 1:
+            inputs.append(name)
+            continue
+        full = data.reshape((1,) * (len(perm) - data.ndim) + data.shape)
+        new_name = view.fresh(f"{name}_T")
+        inits[new_name] = np.ascontiguousarray(full.transpose(inverse))
+        inputs.append(new_name)
+    return _push_below(view, root, inputs, perm, initializers=inits)
+
+
+# -- concat -----------------------------------------------------------------------------------------
+def _match_concat(view: GraphView, node: Node) -> Match | None:
+    transposes = [_transpose_of(view, name) for name in node.inputs]
+    if not transposes or any(t is None for t in transposes):
+        return None
+    perms = {_perm(t) for t in transposes}
+    if len(perms) != 1:
+        return None
+    unique = list({id(t): t for t in transposes}.values())
+    return Match((*unique, node), {"transposes": transposes, "perm": perms.pop()})
+
+
+def _rewrite_concat(view: GraphView, match: Match) -> Rewrite:
+    root, perm = match.root, match["perm"]
+    axis = int(root.attrs.get("axis", 0))
+    axis = axis + len(perm) if axis < 0 else axis
+    return _push_below(view, root, [t.inputs[0] for t in match["transposes"]], perm,
+                       attrs={**root.attrs, "axis": perm[axis]})
+
+
+# -- reductions ---------------------------------------------------------------------------------
+def _match_reduce(view: GraphView, node: Node) -> Match | None:
+    if len(node.inputs) != 1 or "axes" not in node.attrs:
+        return None
+    transpose = _transpose_of(view, node.inputs[0])
+    if transpose is None:
+        return None
+    return Match((transpose, node), {"transpose": transpose})
+
+
+def _rewrite_reduce(view: GraphView, match: Match) -> Rewrite:
+    transpose, root = match["transpose"], match.root
+    perm = _perm(transpose)
+    rank = len(perm)
+    axes = sorted({int(a) + rank if int(a) < 0 else int(a) for a in root.attrs["axes"]})
+    new_axes = tuple(sorted(perm[a] for a in axes))
+    attrs = {**root.attrs, "axes": new_axes}
+    source = transpose.inputs[0]
+    if int(root.attrs.get("keepdims", 1)):
+        return _push_below(view, root, [source], perm, attrs=attrs)
+    survivors = [perm[i] for i in range(rank) if i not in axes]  # source dims, in output order
+    order = tuple(int(i) for i in np.argsort(np.argsort(survivors)))
+    if order == tuple(range(len(order))):
+        return Rewrite([root.with_(inputs=(source,), attrs=attrs)])
+    return _push_below(view, root, [source], order, attrs=attrs)
+
+
+RULES = [
+    Rule("transpose_pair", ("Transpose",), _match_pair, _rewrite_pair),
+    Rule("transpose_through_unary", tuple(sorted(UNARY)), _match_unary, _rewrite_unary),
+    Rule("transpose_through_elementwise", tuple(sorted(NARY)), _match_nary, _rewrite_nary),
+    Rule("transpose_through_concat", ("Concat",), _match_concat, _rewrite_concat),
+    Rule("transpose_through_reduce", tuple(sorted(REDUCE)), _match_reduce, _rewrite_reduce),
+]
+
+cancel_transposes = rule_pass("cancel_transposes", 1, RULES)
