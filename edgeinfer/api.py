@@ -57,7 +57,14 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     """
     name = detect_frontend(source)
     frontend = _frontend(name)
-    takes_shapes = "input_shapes" in inspect.signature(frontend.convert).parameters
+    parameters = inspect.signature(frontend.convert).parameters
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+    unknown = sorted(k for k in options if k not in parameters and not takes_any)
+    if unknown:
+        accepted = sorted(k for k, p in parameters.items() if p.kind == p.KEYWORD_ONLY)
+        raise InputError(f"the {name} front end does not take option(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(accepted) or 'no options'}")
+    takes_shapes = "input_shapes" in parameters
     if takes_shapes:
         options.update(input_shapes=input_shapes, dynamic_batch=dynamic_batch)
     graph = frontend.convert(source, **options)

@@ -70,6 +70,7 @@ def test_input_shape_override_fixes_batch(tmp_path, onnx_file):
     (["convert", "{onnx}", "-o", "{tmp}/x.txt"], "ending in .eim"),
     (["convert", "{onnx}", "-o", "{out}", "--input-shape", "x:2xq!"], "neither a number nor a symbol"),
     (["convert", "{onnx}", "-o", "{out}", "--input-shape", "zz:2x8"], "input shapes given for"),
+    (["convert", "{onnx}", "-o", "{out}", "--weights", "{onnx}"], "onnx front end does not take option(s) weights"),
     (["run", "{onnx}", "--input", "x={missing}"], "no such file"),
     (["run", "{onnx}", "--input", "x={wrongdtype}"], "expected dtype float32, got float64"),
     (["run", "{onnx}", "--input", "x={pickled}"], "not a readable .npy file without pickles"),
