@@ -13,11 +13,14 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
-## The main job: convert the sample model shipped in models/, run it, print outputs and timing.
+## The main job: convert the models shipped in models/, run them, print outputs, timing and accuracy.
 demo: install
 	$(BIN)/edgeinfer convert models/sample_cnn.onnx -o models/sample_cnn.eim
 	$(BIN)/edgeinfer inspect models/sample_cnn.eim
 	$(BIN)/edgeinfer run models/sample_cnn.eim --input models/sample_input.npy --threads 2
+	$(BIN)/edgeinfer convert models/caffe_lenet_digits/lenet_digits.prototxt \
+	    --weights models/caffe_lenet_digits/lenet_digits.caffemodel -o models/caffe_lenet_digits/lenet_digits.eim
+	$(BIN)/python models/caffe_lenet_digits/evaluate.py --eim models/caffe_lenet_digits/lenet_digits.eim
 
 ## The whole test suite.
 test: install

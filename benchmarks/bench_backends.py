@@ -7,7 +7,7 @@ machine hits both alike. Reports median and p90 latency per backend and the rati
 numpy / onnxruntime of the medians. Usage::
 
     python benchmarks/bench_backends.py [--models resnet50 mobilenet_v2 transformer]
-        [--threads 2] [--rounds 20] [--warmup 3] [--json results.json]
+        [--threads 2] [--rounds 20] [--warmup 3] [--optimize 2] [--json results.json]
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def max_relative_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarra
     return worst
 
 
-def bench_model(name: str, *, threads: int, rounds: int, warmup: int) -> dict[str, Any]:
+def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: int = 2) -> dict[str, Any]:
     proto = MODELS[name]()
     start = time.perf_counter()
-    model = ei.convert(proto)
+    model = ei.convert(proto, optimize=optimize)
     convert_s = time.perf_counter() - start
     feeds = zoo.example_inputs(proto, seed=0)
     sessions = {backend: ei.Session(model, backend=backend, threads=threads) for backend in BACKENDS}
@@ -104,13 +104,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads per session (default 2)")
     parser.add_argument("--rounds", type=int, default=20, help="timed runs per backend (default 20)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed runs per backend first (default 3)")
+    parser.add_argument("--optimize", type=int, default=2, choices=(0, 1, 2),
+                        help="optimization level of the converted model (default 2)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--threads and --rounds must be positive, --warmup not negative")
     results = []
     for name in args.models:
-        results.append(bench_model(name, threads=args.threads, rounds=args.rounds, warmup=args.warmup))
+        results.append(bench_model(name, threads=args.threads, rounds=args.rounds, warmup=args.warmup,
+                                   optimize=args.optimize))
         print(f"{name}: done", flush=True)
     print_table(results, args.threads)
     if args.json:
