@@ -21,6 +21,7 @@ from edgeinfer.errors import (
 )
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.model import Model, TensorInfo
+from edgeinfer.quantize import quantize
 from edgeinfer.session import Session
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "convert",
     "load",
+    "quantize",
     "Session",
     "Model",
     "TensorInfo",

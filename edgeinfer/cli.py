@@ -7,9 +7,6 @@ traceback only with ``--debug`` or ``EDGEINFER_DEBUG=1``.
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,44 +14,9 @@ from typing import Any
 import click
 import numpy as np
 
-from edgeinfer.errors import EdgeInferError, InputError
-
-EXIT_USER_ERROR = 2
-EXIT_BUG = 1
-
-
-def _debug_enabled() -> bool:
-    return os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0")
-
-
-def handle_errors(fn):
-    """Turn exceptions into one-line messages and exit codes (no traceback on bad input)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except EdgeInferError as exc:
-            click.echo(f"error: {_one_line(exc)}", err=True)
-            sys.exit(EXIT_USER_ERROR)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
-            raise
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
-        except Exception as exc:  # a bug in edgeinfer, not bad input
-            if _debug_enabled():
-                raise
-            click.echo(f"internal error ({type(exc).__name__}): {_one_line(exc)} "
-                       "[rerun with EDGEINFER_DEBUG=1 for the traceback]", err=True)
-            sys.exit(EXIT_BUG)
-
-    return wrapper
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 2000 else text[:2000] + "..."
+from edgeinfer.cli_support import handle_errors, one_line
+from edgeinfer.errors import InputError
+from edgeinfer.quantize.cli import apply_quantization, quantize_command, quantize_options
 
 
 def _parse_shape_option(values: tuple[str, ...]) -> dict[str, tuple[int | str, ...]]:
@@ -93,9 +55,10 @@ def main() -> None:
 @click.option("--optimize", type=click.IntRange(0, 2), default=1, show_default=True,
               help="Optimization level (0: none).")
 @click.option("--report", is_flag=True, help="Print what each optimization pass did.")
+@quantize_options
 @handle_errors
 def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
-            dynamic_batch: bool, optimize: int, report: bool) -> None:
+            dynamic_batch: bool, optimize: int, report: bool, quantization: dict | None) -> None:
     """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file."""
     import edgeinfer as ei
 
@@ -111,6 +74,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     started = time.perf_counter()
     passes: list = []
     model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
+    model = apply_quantization(model, quantization)
     model.save(output)
     seconds = time.perf_counter() - started
     if report:
@@ -147,7 +111,7 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
             feeds[name] = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
-                             f"({_one_line(exc)})") from exc
+                             f"({one_line(exc)})") from exc
     if random_inputs:
         rng = np.random.default_rng(0)
         for info in model.inputs:
@@ -279,6 +243,8 @@ def export(model_path: Path, output: Path) -> None:
     export_onnx(model.graph, output)
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
 
+
+main.add_command(quantize_command)
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,54 @@
+"""Error handling shared by every ``edgeinfer`` command.
+
+Every ``EdgeInferError`` (bad file, bad argument, bad input) prints one line to stderr and
+exits with status 2; anything else is a bug in edgeinfer: one line, status 1, and the
+traceback only with ``EDGEINFER_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+import click
+
+from edgeinfer.errors import EdgeInferError
+
+EXIT_USER_ERROR = 2
+EXIT_BUG = 1
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0")
+
+
+def handle_errors(fn):
+    """Turn exceptions into one-line messages and exit codes (no traceback on bad input)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EdgeInferError as exc:
+            click.echo(f"error: {one_line(exc)}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug in edgeinfer, not bad input
+            if debug_enabled():
+                raise
+            click.echo(f"internal error ({type(exc).__name__}): {one_line(exc)} "
+                       "[rerun with EDGEINFER_DEBUG=1 for the traceback]", err=True)
+            sys.exit(EXIT_BUG)
+
+    return wrapper
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 2000 else text[:2000] + "..."

@@ -1,0 +1,96 @@
+"""Post-training quantization: static INT8 (calibrated QDQ), dynamic INT8, FP16 weights.
+
+    import edgeinfer as ei
+    from edgeinfer.quantize import quantize
+    int8 = quantize(ei.convert("model.onnx", optimize=2), "calib_images/", method="entropy",
+                    mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    int8.save("model.int8.eim")
+
+Modules: ``histogram`` (one histogram per tensor), ``methods`` (minmax, percentile, entropy,
+mse), ``data`` (calibration sources), ``calibrate`` (the float run), ``rules`` + ``qdq`` (the
+QDQ inserter), ``static``, ``dynamic``, ``fp16``, ``sensitivity`` (per-layer sensitivity,
+accuracy budget), ``report`` (per-layer SQNR/cosine, PNG plot), ``cli`` (click commands).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from edgeinfer.errors import InputError
+from edgeinfer.model import Model
+from edgeinfer.quantize.dynamic import quantize_dynamic
+from edgeinfer.quantize.fp16 import fp16_weights
+from edgeinfer.quantize.methods import CALIBRATION_METHODS
+from edgeinfer.quantize.static import DEFAULT_METHOD, Calibration, calibrate, quantize_static
+
+MODES = ("static", "dynamic")
+WEIGHT_FORMATS = ("int8", "fp16")
+
+
+def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_METHOD, *,
+             mode: str = "static", weights: str = "int8", activations: str = "uint8",
+             per_channel: bool = True, exclude: Iterable[str] = (), random_samples: int = 0,
+             limit: int | None = None, backend: str | None = None, progress: bool = False,
+             size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
+             std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
+             evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None) -> Model:
+    """Quantize ``model``.
+
+    - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
+      folder of .npy/.npz files or images, or None with ``random_samples`` > 0, which warns)
+      and insert QDQ with ranges from ``method`` (one of minmax, percentile, entropy, mse).
+    - ``mode="dynamic"``: int8 MatMul/Gemm weights, activations quantized at run time.
+    - ``weights="fp16"``: float16 weight storage, float compute; no calibration.
+
+    With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
+    percent, or a callable ``model -> metric``), the most sensitive layers stay float until
+    the metric is within the budget of fp32 (static mode).
+    """
+    if weights not in WEIGHT_FORMATS:
+        raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
+    if mode not in MODES:
+        raise InputError(f"quantization mode {mode!r}: expected one of {MODES}")
+    if not isinstance(model, Model):
+        raise InputError(f"quantize: expected an edgeinfer Model, got {type(model).__name__}")
+    if weights == "fp16":
+        return fp16_weights(model)
+    if mode == "dynamic":
+        if calibration_data is not None:
+            warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
+        return quantize_dynamic(model, per_channel=per_channel, exclude=exclude)
+    calibration = calibrate(model, calibration_data, random_samples=random_samples, limit=limit,
+                            backend=backend, progress=progress, size=size, mean=mean, std=std)
+    if max_accuracy_drop is None:
+        return quantize_static(model, calibration, method=method, activations=activations,
+                               per_channel=per_channel, exclude=exclude)
+    if evaluation is None:
+        raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
+    from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
+
+    metric = evaluation if callable(evaluation) else top1_metric(*evaluation, backend=backend)
+    feeds = sensitivity_feeds(calibration, calibration_data, random_samples=random_samples, size=size,
+                              mean=mean, std=std)
+    result = quantize_within_budget(model, calibration, metric, max_accuracy_drop, feeds=feeds, method=method,
+                                    activations=activations, per_channel=per_channel, exclude=list(exclude),
+                                    backend=backend)
+    if not result.within_budget:
+        warnings.warn(f"accuracy budget {max_accuracy_drop} not met: fp32 {result.float_metric:.3f}, best "
+                      f"{result.final_metric:.3f} with {len(result.kept_float)} layers in float", stacklevel=2)
+    return result.model
+
+
+def sensitivity_feeds(calibration: Calibration, calibration_data: Any, count: int = 8, **source: Any) -> list:
+    """The first ``count`` calibration batches, to measure per-layer sensitivity on."""
+    from itertools import islice
+
+    from edgeinfer.quantize.data import open_source
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random data already warned once, at calibration
+        return list(islice(open_source(calibration_data, calibration.graph, **source), count))
+
+
+__all__ = ["CALIBRATION_METHODS", "Calibration", "calibrate", "fp16_weights", "quantize", "quantize_dynamic",
+           "quantize_static"]

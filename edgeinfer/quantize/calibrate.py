@@ -1,0 +1,101 @@
+"""Run a float model over calibration data and collect one ``TensorHistogram`` per tensor.
+
+The graph is re-declared with the tensors to observe as extra outputs and compiled once on a
+backend (onnxruntime when installed: calibration is dominated by float inference), then every
+batch of feeds updates the histograms. A progress bar on stderr shows how far it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from edgeinfer.errors import InputError
+from edgeinfer.ir import Graph
+from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
+
+FLOAT_TYPES = ("float32", "float16", "float64", "bfloat16")
+
+
+def float_activations(graph: Graph) -> list[str]:
+    """Non-constant float tensors: graph inputs and node outputs, in graph order."""
+    names = [v.name for v in graph.inputs if v.dtype in FLOAT_TYPES]
+    for node in graph.nodes:
+        for out in node.outputs:
+            value = graph.values.get(out) if out else None
+            if value is not None and value.const is None and value.dtype in FLOAT_TYPES:
+                names.append(out)
+    return names
+
+
+def default_backend() -> str:
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return "numpy"
+    return "onnxruntime"
+
+
+def observing_graph(graph: Graph, tensors: Sequence[str]) -> Graph:
+    """``graph`` with ``tensors`` (and its own outputs) as its outputs."""
+    names = list(dict.fromkeys([*graph.output_names, *tensors]))
+    missing = [n for n in names if n not in graph.values]
+    if missing:
+        raise InputError(f"cannot observe {missing}: not values of graph {graph.name!r}")
+    return graph.replace(outputs=[graph.values[n].typed_like() for n in names])
+
+
+def run_batches(graph: Graph, tensors: Sequence[str], feeds: Iterable[dict[str, np.ndarray]], *,
+                backend: str | None = None, progress: bool = False, label: str = "calibrating",
+                total: int | None = None):
+    """Yield ``{tensor: array}`` for every batch of ``feeds`` (a float run of ``graph``)."""
+    from edgeinfer.model import Model
+    from edgeinfer.session import Session
+
+    session = Session(Model(observing_graph(graph, tensors)), backend=backend or default_backend())
+    with _progress(progress, label, total) as advance:
+        for batch in feeds:
+            yield session.run(batch)
+            advance()
+
+
+def collect_histograms(graph: Graph, feeds: Iterable[dict[str, np.ndarray]], *,
+                       tensors: Sequence[str] | None = None, backend: str | None = None,
+                       bins: int = DEFAULT_BINS, progress: bool = False,
+                       total: int | None = None) -> dict[str, TensorHistogram]:
+    """One histogram per tensor (default: every float activation) over all ``feeds``."""
+    tensors = float_activations(graph) if tensors is None else list(tensors)
+    histograms = {name: TensorHistogram(bins) for name in tensors}
+    batches = 0
+    for results in run_batches(graph, tensors, feeds, backend=backend, progress=progress, total=total):
+        for name in tensors:
+            histograms[name].update(results[name])
+        batches += 1
+    if batches == 0:
+        raise InputError("calibration data is empty: expected at least one sample")
+    return histograms
+
+
+class _progress:
+    """A rich progress bar on stderr (or nothing); ``with`` yields an ``advance()`` callable."""
+
+    def __init__(self, enabled: bool, label: str, total: int | None):
+        self.enabled, self.label, self.total = enabled, label, total
+        self.bar = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

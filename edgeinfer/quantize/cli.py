@@ -1,0 +1,186 @@
+"""Click commands and options for quantization, registered by ``edgeinfer/cli.py``:
+
+- ``quantize_command``: ``edgeinfer quantize MODEL --calib DIR -o model.int8.eim [...]``
+- ``quantize_options``: a decorator for ``convert`` adding ``--quantize int8|dynamic|fp16``
+  and the calibration options; the decorated function receives them as one keyword
+  ``quantization`` (None when ``--quantize`` is not given), which ``apply_quantization``
+  applies to the converted model.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import click
+
+from edgeinfer.cli_support import handle_errors
+from edgeinfer.errors import InputError
+from edgeinfer.quantize.methods import CALIBRATION_METHODS
+from edgeinfer.quantize.static import DEFAULT_METHOD
+
+_CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
+                     "std", "size", "exclude")
+
+
+def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.replace(" ", "").split(","))
+    except ValueError as exc:
+        raise InputError(f"--{what} {text!r}: expected comma-separated numbers, e.g. 0.485,0.456,0.406") from exc
+
+
+def _size(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    if len(parts) not in (1, 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"--size {text!r}: expected HxW (e.g. 224x224) or one number")
+    return (int(parts[0]), int(parts[-1]))
+
+
+def _calibration_options(fn):
+    options = [
+        click.option("--calib", type=click.Path(path_type=Path),
+                     help="Calibration data: a folder of .npy/.npz files (keys = input names) or images."),
+        click.option("--calib-random", type=click.IntRange(0), default=0, metavar="N",
+                     help="Calibrate on N random samples instead (testing only: ranges will not fit real data)."),
+        click.option("--calib-limit", type=click.IntRange(1), help="Use at most this many calibration samples."),
+        click.option("--method", type=click.Choice(sorted(CALIBRATION_METHODS)), default=DEFAULT_METHOD,
+                     show_default=True, help="How calibration turns histograms into ranges."),
+        click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
+                     help="Activation type: uint8 asymmetric or int8 symmetric."),
+        click.option("--per-tensor", is_flag=True, help="One weight scale per tensor instead of per channel."),
+        click.option("--mean", help="Image preprocessing: per-channel mean (on [0,1] RGB), e.g. 0.485,0.456,0.406."),
+        click.option("--std", help="Image preprocessing: per-channel std, e.g. 0.229,0.224,0.225."),
+        click.option("--size", help="Image preprocessing: resize to HxW (default: the input's size)."),
+        click.option("--exclude", multiple=True, metavar="LAYER", help="Keep this layer in float (repeatable)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
+              activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
+              exclude: tuple[str, ...], **extra: Any):
+    from edgeinfer.quantize import quantize
+
+    if mode == "int8" and calib is None and not calib_random:
+        raise InputError("static int8 quantization needs calibration data: --calib DIR "
+                         "(or --calib-random N to test with random data)")
+    if calib is not None and calib_random:
+        raise InputError("give either --calib or --calib-random, not both")
+    return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
+                    weights="fp16" if mode == "fp16" else "int8", activations=activations,
+                    per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
+                    progress=True, size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"), **extra)
+
+
+def quantize_options(fn):
+    """Add ``--quantize`` and the calibration options to a command (``convert``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        settings = {key: kwargs.pop(key) for key in _CALIBRATION_KEYS}
+        mode = kwargs.pop("quantize")
+        kwargs["quantization"] = None if mode is None else {"mode": mode, **settings}
+        return fn(*args, **kwargs)
+
+    wrapper = _calibration_options(wrapper)
+    return click.option("--quantize", type=click.Choice(["int8", "dynamic", "fp16"]),
+                        help="Quantize after conversion: static int8 (needs --calib), dynamic int8, "
+                             "or fp16 weight storage.")(wrapper)
+
+
+def apply_quantization(model, quantization: dict[str, Any] | None):
+    """The model ``convert`` should save: ``model`` itself, or quantized per ``--quantize``."""
+    if quantization is None:
+        return model
+    settings = dict(quantization)
+    return _quantize(model, settings.pop("mode"), **settings)
+
+
+@click.command("quantize")
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .eim file to write.")
+@click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
+              help="static: calibrated int8 activations; dynamic: activations quantized at run time.")
+@click.option("--weights", "weight_format", type=click.Choice(["int8", "fp16"]), default="int8",
+              show_default=True, help="int8 quantization, or fp16 weight storage (float compute).")
+@_calibration_options
+@click.option("--max-accuracy-drop", type=click.FloatRange(0), metavar="P",
+              help="Keep the most sensitive layers float until top-1 drops at most P points (needs --eval).")
+@click.option("--eval", "evaluation", type=click.Path(path_type=Path),
+              help="Labelled evaluation set: an .npz with the input array(s) (by input name) and 'labels'.")
+@click.option("--report", type=click.Path(path_type=Path),
+              help="Print a per-layer SQNR/cosine table and write its plot to this .png.")
+@handle_errors
+def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, max_accuracy_drop: float | None,
+                     evaluation: Path | None, report: Path | None, **calibration: Any) -> None:
+    """Quantize MODEL (.eim or any convertible model) and write an .eim file."""
+    from edgeinfer.api import load_any
+
+    if output.suffix.lower() != ".eim":
+        raise InputError(f"-o {output}: expected a path ending in .eim")
+    if report is not None and report.suffix.lower() != ".png":
+        raise InputError(f"--report {report}: expected a path ending in .png")
+    if max_accuracy_drop is not None and evaluation is None:
+        raise InputError("--max-accuracy-drop needs a labelled evaluation set: --eval FILE.npz")
+    model = load_any(model_path)
+    extra: dict[str, Any] = {}
+    if max_accuracy_drop is not None:
+        extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
+    kind = "fp16" if weight_format == "fp16" else ("dynamic" if mode == "dynamic" else "int8")
+    quantized = _quantize(model, kind, **calibration, **extra)
+    quantized.save(output)
+    before = sum(a.nbytes for a in model.graph.initializers.values())
+    after = sum(a.nbytes for a in quantized.graph.initializers.values())
+    click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): weights {after:,} bytes, "
+               f"{after / max(before, 1):.3f}x of {before:,}")
+    if report is not None:
+        _write_report(model, quantized, calibration, report)
+
+
+def _load_evaluation(path: Path, model) -> tuple[dict, Any]:
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"--eval {path}: not a readable .npz file ({exc})") from exc
+    if "labels" not in arrays:
+        raise InputError(f"--eval {path}: expected an array 'labels', found {sorted(arrays)}")
+    labels = arrays.pop("labels")
+    names = model.graph.input_names
+    if len(names) == 1 and len(arrays) == 1:
+        arrays = {names[0]: next(iter(arrays.values()))}
+    if sorted(arrays) != sorted(names):
+        raise InputError(f"--eval {path}: expected arrays {names} and 'labels', found {sorted(arrays)} and 'labels'")
+    return arrays, labels
+
+
+def _write_report(model, quantized, calibration: dict[str, Any], path: Path) -> None:
+    import json
+    from itertools import islice
+
+    from edgeinfer.quantize.data import open_source
+    from edgeinfer.quantize.report import format_table, layer_errors, plot
+    from edgeinfer.quantize.static import prepare_graph
+
+    summary = json.loads(quantized.metadata.get("quantization", "{}"))
+    if summary.get("mode") != "static":
+        raise InputError("--report describes static int8 models (per-layer activation error)")
+    float_graph = prepare_graph(model.graph)
+    layers = [n.name or n.outputs[0] for n in quantized.graph.nodes]
+    feeds = list(islice(open_source(calibration["calib"], float_graph, random_samples=calibration["calib_random"],
+                                    size=_size(calibration["size"]), mean=_floats(calibration["mean"], "mean"),
+                                    std=_floats(calibration["std"], "std")), 8))
+    rows = layer_errors(float_graph, quantized.graph, layers, feeds)
+    click.echo(format_table(rows))
+    plot(rows, path)
+    click.echo(f"wrote {path}")

@@ -1,0 +1,87 @@
+"""One histogram per tensor, shared by every calibration method.
+
+``TensorHistogram`` keeps the exact minimum and maximum of everything it saw and a histogram
+of the values over ``[-R, R]`` with a fixed number of bins. The range starts at the first
+batch's largest magnitude and doubles when a later batch exceeds it: doubling merges pairs of
+neighbouring bins and pads the ends with empty bins, which is exact (no interpolation), so the
+histogram of a stream does not depend on how the stream was split into batches beyond the
+choice of the first range. Each calibration method (``methods.py``) turns the same histogram
+into a range, so calibrating once serves every method.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_BINS = 2048  # over [-R, R]; must be a multiple of 4 (halving keeps the centre at 0)
+
+
+class TensorHistogram:
+    __slots__ = ("bins", "counts", "limit", "minimum", "maximum", "samples")
+
+    def __init__(self, bins: int = DEFAULT_BINS):
+        if bins < 8 or bins % 4:
+            raise ValueError(f"histogram bins: expected a multiple of 4 of at least 8, got {bins}")
+        self.bins = bins
+        self.counts = np.zeros(bins, dtype=np.float64)
+        self.limit = 0.0  # R; 0 until a non-zero value arrives
+        self.minimum = np.inf
+        self.maximum = -np.inf
+        self.samples = 0
+
+    @property
+    def edges(self) -> np.ndarray:
+        return np.linspace(-self.limit, self.limit, self.bins + 1)
+
+    @property
+    def centers(self) -> np.ndarray:
+        edges = self.edges
+        return (edges[:-1] + edges[1:]) / 2
+
+    @property
+    def bin_width(self) -> float:
+        return 2 * self.limit / self.bins
+
+    def update(self, values: np.ndarray) -> None:
+        """Add the finite values of ``values`` (any shape, any float type)."""
+        flat = np.asarray(values, dtype=np.float32).reshape(-1)
+        if not np.isfinite(flat).all():
+            flat = flat[np.isfinite(flat)]
+        if flat.size == 0:
+            return
+        low, high = float(flat.min()), float(flat.max())
+        self.minimum, self.maximum = min(self.minimum, low), max(self.maximum, high)
+        self.samples += flat.size
+        magnitude = max(abs(low), abs(high))
+        if magnitude == 0.0 and self.limit == 0.0:
+            return  # all zeros so far; counted once a scale exists
+        if self.limit == 0.0:
+            self.limit = magnitude
+            zeros = self.samples - flat.size
+            if zeros:  # earlier batches were all zeros: they sit in the bins around 0
+                self.counts[self.bins // 2] += zeros
+        while magnitude > self.limit:
+            self._double()
+        scale = self.bins / (2 * self.limit)
+        index = np.floor((flat.astype(np.float64) + self.limit) * scale).astype(np.int64)
+        np.clip(index, 0, self.bins - 1, out=index)
+        self.counts += np.bincount(index, minlength=self.bins)
+
+    def _double(self) -> None:
+        self.counts = _doubled(self.counts)
+        self.limit *= 2
+
+    def magnitude_histogram(self) -> tuple[np.ndarray, float]:
+        """(counts of |x| over [0, R] in bins/2 bins, bin width)."""
+        half = self.bins // 2
+        return self.counts[half:] + self.counts[:half][::-1], self.bin_width
+
+    def __repr__(self) -> str:
+        return (f"TensorHistogram(samples={self.samples}, min={self.minimum:.4g}, max={self.maximum:.4g}, "
+                f"R={self.limit:.4g})")
+
+
+def _doubled(counts: np.ndarray) -> np.ndarray:
+    """The counts over [-2R, 2R] of a histogram over [-R, R] (same number of bins)."""
+    quarter = counts.size // 4
+    return np.concatenate([np.zeros(quarter), counts.reshape(-1, 2).sum(axis=1), np.zeros(quarter)])

@@ -1,0 +1,405 @@
+"""The QDQ inserter: plan which tensors are quantized (``QuantPlan`` + the rules in
+``rules.py``), compute scales and zero points, and build the QuantizeLinear/DequantizeLinear
+graph.
+
+Representation (what every backend runs: onnxruntime fuses the patterns into its integer
+kernels, the numpy backend runs QuantizeLinear/DequantizeLinear and the ops between them):
+
+    activation T:  producer -> T -> QuantizeLinear -> T_quantized -> DequantizeLinear -> T_dequantized -> consumers
+    weight W:      W_quantized (int8 initializer) -> DequantizeLinear(axis) -> W_dequantized -> op
+    bias B:        B_quantized (int32 initializer, scale x_scale * w_scale, zp 0) -> DequantizeLinear -> op
+
+A graph output keeps its name: the producer writes ``T_prequant`` and the DequantizeLinear
+writes ``T``. Weight scales are raised where a bias would overflow int32 with
+``x_scale * w_scale`` (the adjustment TFLite and onnxruntime make).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgeinfer.errors import UnsupportedOpError
+from edgeinfer.ir import Graph, Node, Value
+from edgeinfer.ir.infer import infer_types
+from edgeinfer.quantize.methods import INT8, INT32_BIAS, UINT8, QuantType, quant_params
+from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
+
+FLOAT_TYPES = ("float32",)
+REMOVABLE_ACTIVATIONS = ("Relu", "Clip")
+WEIGHT_TYPE = INT8
+PER_CHANNEL_OPSET = 13  # QuantizeLinear/DequantizeLinear gained ``axis`` in opset 13
+
+
+def layer_name(node: Node) -> str:
+    """How quantization names a node (exclusion lists, reports): its name, else its first output."""
+    return node.name or node.outputs[0]
+
+
+@dataclass(frozen=True)
+class StaticOptions:
+    activation_type: QuantType = UINT8
+    per_channel: bool = True
+    exclude: frozenset[str] = frozenset()  # layer names kept in float
+
+
+@dataclass
+class TensorParams:
+    scale: np.ndarray
+    zero_point: np.ndarray
+    qtype: QuantType
+    axis: int | None = None
+
+
+@dataclass
+class _Bias:
+    node: Node
+    index: int
+    bias: str
+    activation: str
+    weight: str
+
+
+@dataclass
+class QuantPlan:
+    """What the rules decided: activations, shared parameters, weights, biases, folds."""
+
+    graph: Graph
+    ranges: Mapping[str, tuple[float, float]]
+    options: StaticOptions
+    activations: dict[str, None] = field(default_factory=dict)  # ordered set
+    shared: dict[str, str] = field(default_factory=dict)  # output -> input whose params it reuses
+    weights: dict[str, int] = field(default_factory=dict)  # weight -> axis (or -1 for per-tensor)
+    weight_uses: dict[tuple[int, int], str] = field(default_factory=dict)  # (node id, input) -> weight
+    biases: list[_Bias] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)  # producer output -> folded activation's output
+    dropped: set[int] = field(default_factory=set)  # ids of folded activation nodes
+    layers: list[str] = field(default_factory=list)
+    folded: dict[str, str] = field(default_factory=dict)  # activation layer -> layer it folded into
+
+    @property
+    def opset(self) -> int:
+        return self.graph.opset.get("", 1)
+
+    # -- questions rules ask ----------------------------------------------------------------
+    def is_constant(self, name: str) -> bool:
+        value = self.graph.values.get(name)
+        return value is not None and value.const is not None
+
+    def is_float(self, name: str) -> bool:
+        value = self.graph.values.get(name)
+        if value is None:
+            return False
+        dtype = value.dtype if value.const is None else str(value.const.dtype)
+        return dtype in FLOAT_TYPES
+
+    def has_range(self, name: str) -> bool:
+        return self._current(name) in self.ranges or self.is_constant(name)
+
+    def is_quantized(self, name: str) -> bool:
+        name = self._current(name)
+        return name in self.activations or name in self.shared
+
+    def can_quantize_activation(self, name: str) -> bool:
+        return bool(name) and self.is_float(name) and self.has_range(name)
+
+    def can_quantize_weight(self, name: str, axis: int) -> bool:
+        value = self.graph.values.get(name)
+        if value is None or value.const is None or not self.is_float(name) or value.const.ndim < 2:
+            return False
+        known = self.weights.get(name)
+        return known is None or known == self._axis(axis)
+
+    def can_quantize_bias(self, name: str, weight: str, axis: int) -> bool:
+        """A constant float bias with one value per output channel of ``weight``."""
+        value = self.graph.values.get(name)
+        if value is None or value.const is None or not self.is_float(name):
+            return False
+        channels = self.graph.values[weight].const.shape[axis]
+        return value.const.size == channels and max(value.const.shape, default=1) == channels
+
+    def pads_with_zero(self, node: Node) -> bool:
+        if node.attrs.get("mode", "constant") != "constant":
+            return True
+        fill = node.inputs[2] if len(node.inputs) > 2 else ""
+        value = self.graph.values.get(fill) if fill else None
+        return not fill or (value is not None and value.const is not None and not np.any(value.const))
+
+    # -- decisions ----------------------------------------------------------------------------
+    def activation(self, name: str) -> None:
+        name = self._current(name)
+        if name not in self.shared:
+            self.activations.setdefault(name, None)
+
+    def same_as(self, output: str, source: str) -> None:
+        if self.is_float(output):
+            self.shared[output] = self._current(source)
+
+    def weight(self, node: Node, index: int, axis: int) -> None:
+        name = node.inputs[index]
+        self.weights[name] = self._axis(axis)
+        self.weight_uses[(id(node), index)] = name
+
+    def bias(self, node: Node, index: int, activation: str, weight: str) -> None:
+        self.biases.append(_Bias(node, index, node.inputs[index], self._current(activation), weight))
+
+    def output(self, node: Node, index: int, *, float_graph_output: bool = False) -> None:
+        """Quantize output ``index``, folding a Relu/Clip that follows it when that is exact."""
+        name = node.outputs[index]
+        folded = self._fold_activation(node, name, float_graph_output)
+        if folded is not None:
+            name = folded
+        if float_graph_output and name in self.graph.output_names:
+            return
+        if self.has_range(name):
+            self.activations.setdefault(name, None)
+
+    def _fold_activation(self, node: Node, name: str, float_graph_output: bool) -> str | None:
+        if self.options.activation_type.symmetric:
+            return None  # a symmetric range keeps negatives: the clamp must stay
+        value = self.graph.values[name]
+        if len(value.uses) != 1 or name in self.graph.output_names:
+            return None
+        consumer = value.uses[0][0]
+        if consumer.op_type not in REMOVABLE_ACTIVATIONS or consumer.domain or layer_name(consumer) in self.options.exclude:
+            return None
+        out = consumer.outputs[0]
+        if out not in self.ranges or (float_graph_output and out in self.graph.output_names):
+            return None
+        if consumer.op_type == "Clip" and not self._clip_starts_at_or_below_zero(consumer):
+            return None
+        self.renamed[name] = out
+        self.dropped.add(id(consumer))
+        self.folded[layer_name(consumer)] = layer_name(node)
+        return out
+
+    def _clip_starts_at_or_below_zero(self, node: Node) -> bool:
+        if "min" in node.attrs:
+            return float(node.attrs["min"]) <= 0
+        lo = node.inputs[1] if len(node.inputs) > 1 else ""
+        if not lo:
+            return True
+        value = self.graph.values.get(lo)
+        return value is not None and value.const is not None and float(value.const.reshape(-1)[0]) <= 0
+
+    def _current(self, name: str) -> str:
+        return self.renamed.get(name, name)
+
+    def _axis(self, axis: int) -> int:
+        return axis if self.options.per_channel else -1
+
+
+def plan_quantization(graph: Graph, ranges: Mapping[str, tuple[float, float]], options: StaticOptions) -> QuantPlan:
+    """Run the rules over ``graph`` in order and return what they decided."""
+    plan = QuantPlan(graph, ranges, options)
+    for node in graph.nodes:
+        if id(node) in plan.dropped or layer_name(node) in options.exclude:
+            continue
+        rule = QUANTIZERS.lookup(node.op_type, domain=node.domain, version=graph.opset.get(node.domain, 1))
+        if rule is not None and rule(node, plan) and node.op_type not in SAME_AS_INPUT:
+            plan.layers.append(layer_name(node))
+    return plan
+
+
+# -- parameters -------------------------------------------------------------------------------
+def activation_params(plan: QuantPlan) -> dict[str, TensorParams]:
+    qtype = plan.options.activation_type
+    params: dict[str, TensorParams] = {}
+    for name in plan.activations:
+        value = plan.graph.values.get(name)
+        if value is not None and value.const is not None:
+            lo, hi = float(value.const.min()), float(value.const.max())
+        else:
+            lo, hi = plan.ranges[name]
+        scale, zero_point = quant_params(lo, hi, qtype)
+        params[name] = TensorParams(np.asarray(scale, np.float32), zero_point, qtype)
+    for name in plan.shared:
+        source = name
+        while source in plan.shared:
+            source = plan.shared[source]
+        params[name] = params[source]
+    return params
+
+
+def weight_params(array: np.ndarray, axis: int) -> TensorParams:
+    """Symmetric int8 scales, per channel along ``axis`` (or per tensor with axis -1)."""
+    data = array.astype(np.float64)
+    if axis < 0:
+        absmax = np.abs(data).max(initial=0.0)
+    else:
+        other = tuple(i for i in range(data.ndim) if i != axis)
+        absmax = np.abs(data).max(axis=other, initial=0.0)
+    scale = np.where(absmax > 0, absmax / WEIGHT_TYPE.qmax, 1.0).astype(np.float32)
+    zero_point = np.zeros(scale.shape, WEIGHT_TYPE.dtype)
+    return TensorParams(scale, zero_point, WEIGHT_TYPE, None if axis < 0 else axis)
+
+
+def _raise_weight_scales_for_bias(plan: QuantPlan, acts: dict[str, TensorParams],
+                                  weights: dict[str, TensorParams]) -> None:
+    limit = float(INT32_BIAS.qmax)
+    for bias in plan.biases:
+        data = np.abs(plan.graph.values[bias.bias].const.astype(np.float64).reshape(-1))
+        w = weights[bias.weight]
+        x_scale = float(acts[bias.activation].scale)
+        smallest = data * 1.0001 / limit
+        needed = smallest / x_scale
+        w.scale = np.maximum(w.scale.astype(np.float64), needed if w.scale.ndim else needed.max()).astype(np.float32)
+
+
+def quantize_values(array: np.ndarray, params: TensorParams) -> np.ndarray:
+    scale, zero_point = params.scale.astype(np.float64), params.zero_point.astype(np.float64)
+    if params.axis is not None and scale.ndim:
+        shape = [1] * array.ndim
+        shape[params.axis] = -1
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape)
+    q = np.rint(array.astype(np.float64) / scale) + zero_point
+    return np.clip(q, params.qtype.qmin, params.qtype.qmax).astype(params.qtype.dtype)
+
+
+# -- graph construction -------------------------------------------------------------------------
+class _Builder:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.taken = set(graph.values) | {n.name for n in graph.nodes if n.name}
+        self.initializers: dict[str, np.ndarray] = {}
+        self.types: list[Value] = []
+
+    def fresh(self, base: str) -> str:
+        name, index = base, 0
+        while name in self.taken:
+            index += 1
+            name = f"{base}_{index}"
+        self.taken.add(name)
+        return name
+
+    def const(self, base: str, array: np.ndarray) -> str:
+        name = self.fresh(base)
+        self.initializers[name] = array
+        return name
+
+    def params(self, base: str, params: TensorParams) -> tuple[str, str]:
+        return self.const(f"{base}_scale", params.scale), self.const(f"{base}_zero_point", params.zero_point)
+
+    def dequantize(self, source: str, output: str, scale: str, zero_point: str, axis: int | None) -> Node:
+        attrs = {} if axis is None else {"axis": axis}
+        inputs = [source, scale, zero_point] if zero_point else [source, scale]
+        return Node("DequantizeLinear", inputs, [output], attrs,
+                    name=self.fresh(f"{output}_DequantizeLinear"))
+
+    def quantize(self, source: str, output: str, scale: str, zero_point: str) -> Node:
+        return Node("QuantizeLinear", [source, scale, zero_point], [output],
+                    name=self.fresh(f"{output}_QuantizeLinear"))
+
+
+def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object] | None = None) -> Graph:
+    """The quantized graph ``plan`` describes."""
+    per_channel_needed = plan.options.per_channel and any(axis >= 0 for axis in plan.weights.values())
+    if per_channel_needed and plan.opset < PER_CHANNEL_OPSET:
+        raise UnsupportedOpError(f"per-channel weights need QuantizeLinear/DequantizeLinear with an axis "
+                                 f"(opset >= {PER_CHANNEL_OPSET}); graph {graph.name!r} has opset {plan.opset}. "
+                                 "Quantize per tensor (per_channel=False, --per-tensor) or upgrade the model")
+    acts = activation_params(plan)
+    weights = {name: weight_params(graph.values[name].const, axis) for name, axis in plan.weights.items()}
+    _raise_weight_scales_for_bias(plan, acts, weights)
+    builder = _Builder(graph)
+    outputs = set(graph.output_names)
+
+    # Every quantized activation (own or shared parameters) gets one Q/DQ pair after its producer.
+    param_names: dict[int, tuple[str, str]] = {}
+    dq_name: dict[str, str] = {}
+    pre_name: dict[str, str] = {}
+    for name, params in acts.items():
+        key = id(params)
+        if key not in param_names:
+            param_names[key] = builder.params(name, params)
+        dq_name[name] = name if name in outputs else builder.fresh(f"{name}_dequantized")
+        if name in outputs:
+            pre_name[name] = builder.fresh(f"{name}_prequant")
+
+    def qdq_pair(name: str) -> list[Node]:
+        params = acts[name]
+        scale, zero_point = param_names[id(params)]
+        source = pre_name.get(name, name)
+        quantized = builder.fresh(f"{name}_quantized")
+        builder.types += [Value(quantized, params.qtype.name, graph.values[name].shape if name in graph.values else None)]
+        if name in graph.values and graph.values[name].const is not None:
+            builder.initializers[quantized] = quantize_values(graph.values[name].const, params)
+            return [builder.dequantize(quantized, dq_name[name], scale, zero_point, None)]
+        return [builder.quantize(source, quantized, scale, zero_point),
+                builder.dequantize(quantized, dq_name[name], scale, zero_point, None)]
+
+    # Weights and biases: quantized initializers behind a DequantizeLinear, one per consumer input.
+    weight_dq: dict[str, str] = {}
+    uses: dict[tuple[int, int], str] = {}
+    prelude: dict[int, list[Node]] = {}
+    for (node_id, index), name in plan.weight_uses.items():
+        if name not in weight_dq:
+            params = weights[name]
+            q_name = builder.const(f"{name}_quantized", quantize_values(graph.values[name].const, params))
+            scale, zero_point = builder.params(name, params)
+            weight_dq[name] = builder.fresh(f"{name}_dequantized")
+            prelude.setdefault(node_id, []).append(
+                builder.dequantize(q_name, weight_dq[name], scale, zero_point, params.axis))
+        uses[(node_id, index)] = weight_dq[name]
+    for bias in plan.biases:
+        node_prelude, dq = _bias_nodes(builder, graph, bias, acts, weights)
+        prelude.setdefault(id(bias.node), []).extend(node_prelude)
+        uses[(id(bias.node), bias.index)] = dq
+
+    nodes: list[Node] = []
+    for name in acts:
+        value = graph.values.get(name)
+        if value is not None and (name in graph.input_names or value.const is not None):
+            nodes.extend(qdq_pair(name))
+    for node in graph.nodes:
+        if id(node) in plan.dropped:
+            continue
+        nodes.extend(prelude.get(id(node), []))
+        new_inputs = []
+        for index, name in enumerate(node.inputs):
+            replaced = uses.get((id(node), index))
+            if replaced is None and name:
+                current = plan.renamed.get(name, name)
+                replaced = dq_name.get(current, current)
+            new_inputs.append(replaced or name)
+        new_outputs = [plan.renamed.get(o, o) for o in node.outputs]
+        new_outputs = [pre_name.get(o, o) for o in new_outputs]
+        attrs = node.attrs
+        if node.op_type == "Gemm" and (id(node), 2) in uses and (id(node), 2) not in plan.weight_uses:
+            attrs = {**node.attrs, "beta": 1.0}  # the quantized bias already carries beta
+        changed = new_inputs != list(node.inputs) or new_outputs != list(node.outputs) or attrs is not node.attrs
+        nodes.append(node.with_(inputs=new_inputs, outputs=new_outputs, attrs=attrs) if changed else node)
+        for out in node.outputs:
+            current = plan.renamed.get(out, out)
+            if current in acts:
+                nodes.extend(qdq_pair(current))
+
+    still_used = {i for n in nodes for i in n.inputs if i} | outputs
+    initializers = {n: a for n, a in graph.initializers.items() if n in still_used}
+    initializers.update(builder.initializers)
+    produced = {o for n in nodes for o in n.outputs if o}
+    infos = [v.typed_like() for v in graph.value_info() if v.name in produced]
+    infos += [graph.values[name].typed_like(pre) for name, pre in pre_name.items()]
+    infos += [v for v in builder.types if v.name in produced]
+    meta = dict(graph.metadata)
+    if metadata is not None:
+        meta["quantization"] = json.dumps(dict(metadata), sort_keys=True)
+    quantized = Graph(nodes, list(graph.inputs), list(graph.outputs), initializers, value_info=infos,
+                      opset=graph.opset, name=graph.name, metadata=meta)
+    return infer_types(quantized)
+
+
+def _bias_nodes(builder: _Builder, graph: Graph, bias: _Bias, acts: dict[str, TensorParams],
+                weights: dict[str, TensorParams]) -> tuple[list[Node], str]:
+    data = graph.values[bias.bias].const
+    beta = float(bias.node.attrs.get("beta", 1.0)) if bias.node.op_type == "Gemm" else 1.0
+    flat = data.astype(np.float64).reshape(-1) * beta  # Gemm's beta moves into the bias (beta becomes 1)
+    scale = (float(acts[bias.activation].scale) * weights[bias.weight].scale.astype(np.float64)).astype(np.float32)
+    params = TensorParams(scale, np.zeros(scale.shape, np.int32), INT32_BIAS, 0 if scale.ndim else None)
+    q_name = builder.const(f"{bias.bias}_quantized", quantize_values(flat, params))
+    s_name = builder.const(f"{bias.bias}_scale", params.scale)
+    dq = builder.fresh(f"{bias.bias}_dequantized")
+    return [builder.dequantize(q_name, dq, s_name, "", params.axis)], dq  # zero point 0: omitted

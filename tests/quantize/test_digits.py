@@ -1,0 +1,138 @@
+"""The issue's targets on real data: a CNN trained on scikit-learn's digits, calibrated on
+training images, evaluated on the held-out split."""
+
+import numpy as np
+import pytest
+from digits_model import top1
+from helpers import weight_bytes
+
+import edgeinfer as ei
+from edgeinfer.model import Model
+from edgeinfer.quantize import quantize
+from edgeinfer.quantize.report import format_table, layer_errors, plot
+from edgeinfer.quantize.sensitivity import layer_sensitivity, quantize_within_budget, top1_metric
+from edgeinfer.quantize.static import calibrate, quantize_static
+
+CALIBRATION_BATCHES = 8  # of 64 training images
+
+
+def _batches(images: np.ndarray) -> list[np.ndarray]:
+    return [images[i:i + 64] for i in range(0, 64 * CALIBRATION_BATCHES, 64)]
+
+
+def _accuracy(model: Model, task, backend: str) -> float:
+    return top1(ei.Session(model, backend=backend).run({"image": task.test_x})["logits"], task.test_y)
+
+
+@pytest.fixture(scope="module")
+def fp32(digits):
+    return ei.convert(digits.model, optimize=2)
+
+
+@pytest.fixture(scope="module")
+def calibration(fp32, digits):
+    return calibrate(fp32, _batches(digits.train_x))
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
+def test_int8_accuracy_within_half_a_point_of_fp32(fp32, digits, backend):
+    int8 = quantize(fp32, _batches(digits.train_x))  # the default method
+    float_accuracy = _accuracy(fp32, digits, backend)
+    assert float_accuracy > 95  # the network really learned the task
+    assert float_accuracy - _accuracy(int8, digits, backend) <= 0.5
+
+
+def test_int8_weight_bytes_at_most_027_of_fp32(fp32, calibration, tmp_path):
+    int8 = quantize_static(fp32, calibration)
+    fp32.save(tmp_path / "fp32.eim")
+    int8.save(tmp_path / "int8.eim")
+    saved_fp32, saved_int8 = ei.load(tmp_path / "fp32.eim"), ei.load(tmp_path / "int8.eim")
+    ratio = weight_bytes(saved_int8.graph) / weight_bytes(saved_fp32.graph)
+    assert ratio <= 0.27, ratio
+
+
+def test_at_least_as_accurate_as_onnxruntime_quantize_static(fp32, calibration, digits, tmp_path):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    from edgeinfer.ir.onnx_io import graph_to_model
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.batches = iter({"image": batch} for batch in _batches(digits.train_x))
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    import onnx
+
+    source, target = tmp_path / "fp32.onnx", tmp_path / "ort_int8.onnx"
+    onnx.save(graph_to_model(ei.convert(digits.model, optimize=1).graph), source)
+    ort_quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    theirs = _accuracy(ei.convert(target, optimize=0), digits, "onnxruntime")
+    ours = _accuracy(quantize_static(fp32, calibration), digits, "onnxruntime")
+    assert ours >= theirs
+
+
+def test_accuracy_control_keeps_the_most_sensitive_layers_float(fp32, calibration, digits):
+    """A metric that costs one point per int8 weighted layer: the budget decides how many stay
+    float, the sensitivity order decides which."""
+
+    def int8_layers(model: Model) -> int:
+        return sum(1 for n in model.graph.nodes if n.op_type in ("Conv", "Gemm")
+                   and model.graph.producer(n.inputs[1]) is not None)
+
+    feeds = [{"image": batch} for batch in _batches(digits.train_x)[:2]]
+    result = quantize_within_budget(fp32, calibration, lambda m: 100.0 - int8_layers(m), 1.0, feeds=feeds,
+                                    method="minmax")
+    order = [entry.layer for entry in result.sensitivity]
+    assert result.float_metric == 100.0 and result.quantized_metric == 96.0
+    assert result.within_budget and result.final_metric == 99.0
+    kept = result.kept_float
+    assert kept == order[:len(kept)]  # the most sensitive first, stopping once within budget
+    assert sum(1 for layer in kept if layer.startswith(("conv", "linear"))) == 3
+    assert kept[-1].startswith(("conv", "linear"))
+    sqnrs = [entry.output_sqnr_db for entry in result.sensitivity]
+    assert sqnrs == sorted(sqnrs)
+
+
+def test_sensitivity_is_the_output_sqnr_of_each_layer_alone(fp32, calibration, digits):
+    from helpers import sqnr
+
+    feeds = [{"image": digits.train_x[:64]}]
+    entries = layer_sensitivity(fp32, calibration, feeds, method="minmax")
+    layers = [e.layer for e in entries]
+    reference = ei.Session(Model(calibration.graph), backend="onnxruntime").run(feeds[0])["logits"]
+    for entry in entries[:2]:
+        alone = quantize_static(fp32, calibration, method="minmax", exclude=[x for x in layers if x != entry.layer])
+        got = ei.Session(alone, backend="onnxruntime").run(feeds[0])["logits"]
+        assert abs(sqnr(reference, got) - entry.output_sqnr_db) < 1e-3
+
+
+def test_accuracy_budget_with_real_labels(fp32, digits):
+    model = quantize(fp32, _batches(digits.train_x), max_accuracy_drop=0.0,
+                     evaluation=(digits.test_x, digits.test_y))
+    metric = top1_metric(digits.test_x, digits.test_y)
+    assert metric(fp32) - metric(model) <= 0.0
+
+
+def test_per_layer_report_matches_a_direct_computation(fp32, calibration, digits, tmp_path):
+    from helpers import sqnr
+
+    int8 = quantize_static(fp32, calibration, method="minmax")
+    feeds = [{"image": digits.test_x[:128]}]
+    layers = [n.name for n in int8.graph.nodes if n.op_type in ("Conv", "Gemm")]
+    rows = layer_errors(calibration.graph, int8.graph, layers, feeds)
+    assert [r.layer for r in rows] == layers
+    float_run = ei.Session(Model(calibration.graph.replace(outputs=[calibration.graph.values[r.tensor].typed_like()
+                                                                    for r in rows])), backend="onnxruntime")
+    reference = float_run.run(feeds[0])
+    gemm = rows[-1]  # a float graph output: compared directly
+    got = ei.Session(int8, backend="onnxruntime").run(feeds[0])["logits"]
+    assert abs(sqnr(reference[gemm.tensor], got) - gemm.sqnr_db) < 1e-3
+    assert all(0.95 < r.cosine <= 1.0 + 1e-9 and r.sqnr_db > 15 for r in rows)
+    table = format_table(rows)
+    assert all(r.layer in table for r in rows)
+    plot(rows, tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,136 @@
+import numpy as np
+import pytest
+from helpers import ort_optimized_ops, reference_run, sqnr
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.errors import UnsupportedOpError
+from edgeinfer.ir import Graph
+from edgeinfer.model import Model
+from edgeinfer.quantize.static import calibrate, quantize_static
+from edgeinfer.testing import assert_close, parse_model
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    proto = zoo.cnn_residual_depthwise()
+    samples = [zoo.example_inputs(proto, seed=seed)["input"] for seed in range(1, 13)]
+    fused = ei.convert(proto, optimize=2)
+    return proto, fused, samples, calibrate(fused, samples)
+
+
+@pytest.fixture(scope="module")
+def int8(cnn):
+    _, fused, _, calibration = cnn
+    return quantize_static(fused, calibration, method="minmax")
+
+
+def test_onnxruntime_runs_every_layer_with_int8_kernels(int8):
+    ops = ort_optimized_ops(int8.graph)
+    assert ops["QLinearConv"] == 5 and ops["QLinearAdd"] == 1 and ops["QGemm"] == 1
+    assert ops["QLinearGlobalAveragePool"] == 1
+    assert "Conv" not in ops and "DequantizeLinear" not in ops  # nothing fell back to float
+
+
+def test_layout_mirrors_onnxruntime_qdq(int8):
+    graph = int8.graph
+    graph.verify()
+    assert "Relu" not in graph.op_histogram() and "Clip" not in graph.op_histogram()  # absorbed by Q
+    for node in graph.nodes:
+        if node.op_type != "Conv":
+            continue
+        x_dq, w_dq, b_dq = (graph.producer(name) for name in node.inputs)
+        assert w_dq.op_type == x_dq.op_type == b_dq.op_type == "DequantizeLinear"
+        weight, w_scale = graph.values[w_dq.inputs[0]].const, graph.values[w_dq.inputs[1]].const
+        assert weight.dtype == np.int8 and w_dq.attrs["axis"] == 0 and w_scale.shape == (weight.shape[0],)
+        assert np.abs(weight).max() == 127  # symmetric: the largest weight of a channel maps to 127
+        bias, b_scale = graph.values[b_dq.inputs[0]].const, graph.values[b_dq.inputs[1]].const
+        x_scale = graph.values[x_dq.inputs[1]].const
+        assert bias.dtype == np.int32 and len(b_dq.inputs) == 2  # zero point 0
+        assert_close(b_scale, (x_scale * w_scale).astype(np.float32))
+        assert graph.values[x_dq.inputs[0]].dtype == "uint8"
+    assert graph.output_names == ["logits"]
+
+
+def test_int8_model_tracks_fp32_on_every_backend(cnn, int8):
+    proto, fused, _, _ = cnn
+    feeds = zoo.example_inputs(proto, seed=99)
+    reference = ei.Session(fused, backend="onnxruntime").run(feeds)["logits"]
+    spec = reference_run(int8.graph, feeds)["logits"]  # onnx.reference: the QDQ semantics
+    ort_out = ei.Session(int8, backend="onnxruntime").run(feeds)["logits"]
+    numpy_out = ei.Session(int8, backend="numpy").run(feeds)["logits"]
+    assert sqnr(reference, spec) > 25
+    # the numpy backend follows the spec; onnxruntime's integer kernels requantize with a float
+    # multiplier, so intermediate values may differ by a step: compare by signal to noise
+    assert_close(numpy_out, spec, rtol=1e-4, atol=1e-4)  # float32 accumulation order differs
+    assert sqnr(spec, ort_out) > 30
+
+
+def test_fused_and_plain_graphs_quantize_to_the_same_model(cnn, int8):
+    proto, _, samples, _ = cnn
+    plain = ei.convert(proto, optimize=1)
+    plain_int8 = quantize_static(plain, calibrate(plain, samples), method="minmax")
+    feeds = zoo.example_inputs(proto, seed=5)
+    assert_close(ei.Session(plain_int8, backend="numpy").run(feeds)["logits"],
+                 ei.Session(int8, backend="numpy").run(feeds)["logits"])
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse"])
+def test_every_method_gives_a_usable_model(cnn, method):
+    proto, fused, _, calibration = cnn
+    model = quantize_static(fused, calibration, method=method)
+    feeds = zoo.example_inputs(proto, seed=7)
+    reference = ei.Session(fused, backend="onnxruntime").run(feeds)["logits"]
+    assert sqnr(reference, ei.Session(model, backend="onnxruntime").run(feeds)["logits"]) > 20
+
+
+def test_symmetric_int8_activations_keep_the_clamps(cnn):
+    proto, fused, _, calibration = cnn
+    model = quantize_static(fused, calibration, method="minmax", activations="int8")
+    hist = model.graph.op_histogram()
+    assert hist["Relu"] + hist["Clip"] >= 1
+    zero_points = [model.graph.values[n.inputs[2]].const for n in model.graph.nodes if n.op_type == "QuantizeLinear"]
+    assert all(z.dtype == np.int8 and not z.any() for z in zero_points)
+    feeds = zoo.example_inputs(proto, seed=8)
+    reference = ei.Session(fused, backend="onnxruntime").run(feeds)["logits"]
+    assert sqnr(reference, ei.Session(model, backend="onnxruntime").run(feeds)["logits"]) > 20
+
+
+def test_excluded_layer_stays_float(cnn):
+    proto, fused, _, calibration = cnn
+    first_conv = next(n for n in calibration.graph.nodes if n.op_type == "Conv")
+    model = quantize_static(fused, calibration, exclude=[first_conv.name])
+    kept = next(n for n in model.graph.nodes if n.name == first_conv.name)
+    assert model.graph.values[kept.inputs[1]].const.dtype == np.float32
+    assert model.graph.producer(kept.inputs[1]) is None
+    feeds = zoo.example_inputs(proto, seed=9)
+    reference = ei.Session(fused, backend="onnxruntime").run(feeds)["logits"]
+    assert sqnr(reference, ei.Session(model, backend="onnxruntime").run(feeds)["logits"]) > 20
+
+
+OLD_OPSET = """
+<ir_version: 7, opset_import: ["" : 11]>
+net (float[1, 2, 6, 6] x) => (float[1, 4, 6, 6] y)
+<float[4, 2, 3, 3] w = {WEIGHTS}, float[4] b = {0.1, -0.2, 0.3, 0.0}>
+{
+    c = Conv<pads = [1, 1, 1, 1]>(x, w, b)
+    y = Relu(c)
+}
+"""
+
+
+def test_per_channel_needs_opset_13_and_per_tensor_works_before(rng):
+    weights = "{" + ",".join(f"{v:.5f}" for v in rng.standard_normal(72)) + "}"
+    converted = ei.convert(parse_model(OLD_OPSET.replace("{WEIGHTS}", weights)), optimize=0).graph
+    # the ONNX front end upgrades old opsets; a graph from elsewhere may still be at opset 11
+    model = Model(Graph(converted.nodes, converted.inputs, converted.outputs, converted.initializers,
+                        opset={"": 11}))
+    samples = [rng.standard_normal((1, 2, 6, 6)).astype(np.float32) for _ in range(4)]
+    calibration = calibrate(model, samples)
+    with pytest.raises(UnsupportedOpError, match="opset >= 13"):
+        quantize_static(model, calibration)
+    per_tensor = quantize_static(model, calibration, per_channel=False, method="minmax")
+    feeds = {"x": samples[0]}
+    reference = ei.Session(model, backend="numpy").run(feeds)["y"]
+    assert sqnr(reference, ei.Session(per_tensor, backend="numpy").run(feeds)["y"]) > 25
+    assert isinstance(per_tensor, Model)
