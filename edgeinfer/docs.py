@@ -47,6 +47,7 @@ def backend_ops_markdown() -> str:
 GENERATORS: dict[str, str] = {
     "ops.md": "edgeinfer.docs:backend_ops_markdown",
     "tensorflow_ops.md": "edgeinfer.converters.tensorflow.docs:render",
+    "pytorch_ops.md": "edgeinfer.converters.pytorch.ops:supported_ops_markdown",
 }
 
 

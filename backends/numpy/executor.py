@@ -43,6 +43,11 @@ def _np_dtype(name: str | None):
         return None
 
 
+# Ops that must run on every call even with constant inputs (their results differ per run).
+_RUN_EVERY_TIME = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                             "Multinomial", "Bernoulli", "Dropout"})
+
+
 class Step:
     __slots__ = ("node", "call", "inputs", "outputs", "produced", "free", "fallback", "sequence_output")
 
@@ -106,10 +111,28 @@ class NumpyExecutable(Executable):
                                and "sequence(" in (graph.values[node.outputs[0]].dtype or ""))
             self.steps.append(Step(node, call, [i for i in node.inputs if i] + extra,
                                    list(node.outputs), fallback, single_sequence))
+        self._precompute_constants()
         self._plan_memory()
         self._produced = frozenset(o for step in self.steps for o in step.outputs if o)
         self._limiter = _thread_limiter(options.threads)
         self._last_stats: dict[str, Any] = {}
+
+    def _precompute_constants(self) -> None:
+        """Run once, now, every step whose inputs are all constants (e.g. the Cast that widens
+        fp16-stored weights): their results join the constants and the steps leave the plan."""
+        remaining = []
+        for step in self.steps:
+            node = step.node
+            if (all(n in self.constants for n in step.inputs) and not node.subgraphs()
+                    and node.op_type not in _RUN_EVERY_TIME and not node.domain):
+                result = step.call(self.constants)
+                result = (result,) if not isinstance(result, (tuple, list)) or step.sequence_output else result
+                names = step.produced if step.fallback else step.outputs
+                if len(result) >= len(names) and all(isinstance(r, np.ndarray) or np.isscalar(r) for r in result):
+                    self.constants.update({n: np.asarray(r) for n, r in zip(names, result) if n})
+                    continue
+            remaining.append(step)
+        self.steps = remaining
 
     def _plan_memory(self) -> None:
         keep = set(self.output_names) | set(self.constants)

@@ -13,7 +13,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from edgeinfer.errors import BackendError, UnsupportedOpError
-from edgeinfer.ir import Graph, Node
+from edgeinfer.ir import Graph, Node, dtypes
 from edgeinfer.ir.onnx_io import attr_to_proto
 
 
@@ -27,8 +27,8 @@ class ReferenceNode:
         proto_node.attribute.extend(attr_to_proto(k, v, graph.opset) for k, v in node.attrs.items())
         feeds = [n for n in dict.fromkeys(self.input_names) if n]
         proto_graph = helper.make_graph([proto_node], "fallback",
-                                        [helper.make_empty_tensor_value_info(n) for n in feeds],
-                                        [helper.make_empty_tensor_value_info(o) for o in node.outputs if o])
+                                        [_typed_info(graph, n) for n in feeds],
+                                        [_typed_info(graph, o) for o in node.outputs if o])
         opsets = [helper.make_opsetid(d, v) for d, v in sorted(graph.opset.items())]
         model = helper.make_model(proto_graph, opset_imports=opsets)
         model.ir_version = onnx.IR_VERSION
@@ -46,6 +46,18 @@ class ReferenceNode:
         except Exception as exc:
             raise BackendError(f"{self.node.label} failed in the onnx.reference fallback: "
                                f"{type(exc).__name__}: {exc}") from exc
+
+
+def _typed_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
+    """The value's type where known: onnx.reference expands context-dependent function ops
+    (e.g. Gelu-20) only when their input types are declared."""
+    value = graph.values.get(name)
+    if value is None or value.dtype is None:
+        return helper.make_empty_tensor_value_info(name)
+    info = onnx.ValueInfoProto()
+    info.name = name
+    info.type.CopyFrom(dtypes.type_to_onnx(value.dtype, None))
+    return info
 
 
 def reference_supports(node: Node, opset: dict[str, int]) -> str | None:

@@ -1,0 +1,123 @@
+"""PyTorch front end: ``nn.Module``s, ExportedPrograms (``.pt2``) and TorchScript (``.pt``/``.pth``).
+
+Route: source -> ``torch.export`` ExportedProgram (``capture``) -> op check against edgeinfer's
+registry (``ops``) -> ``torch.onnx.export(..., dynamo=True)`` -> ``onnx.ModelProto`` ->
+``edgeinfer.converters.onnx.import_model`` (``translate``).
+
+Why this route: ``torch.export`` is the capture PyTorch maintains (TorchScript is in
+maintenance, the TorchScript-based ONNX exporter is deprecated), and the dynamo ONNX exporter
+(onnxscript's torchlib) already implements the aten -> ONNX translation for several hundred
+ops, including the awkward ones (RNNs, attention, resize, dynamic shapes). Writing our own
+aten rules would duplicate that and cover less. What edgeinfer adds is the contract: every op
+of the captured program must be in the registry of ops tested end to end, and an op outside it
+raises ``UnsupportedOpError`` naming the op and the module it came from, before any
+translation; files are classified without executing a pickle (``files``).
+
+``accepts`` is cheap and never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.errors import ConversionError
+from edgeinfer.ir import Graph
+
+SUFFIXES = (".pt", ".pth", ".pt2")
+_MODULE_CLASSES = {("torch.nn.modules.module", "Module"), ("torch.export.exported_program", "ExportedProgram"),
+                   ("torch.jit._script", "ScriptModule"), ("torch.jit._script", "RecursiveScriptModule"),
+                   ("torch.jit", "ScriptModule"), ("torch._C", "ScriptModule")}
+
+
+def accepts(source: Any) -> bool:
+    """True for a ``.pt``/``.pth``/``.pt2`` path, an ``nn.Module``, ``ScriptModule`` or
+    ``ExportedProgram`` (recognised by class names, without importing torch)."""
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).suffix.lower() in SUFFIXES
+    return any((cls.__module__, cls.__name__) in _MODULE_CLASSES for cls in type(source).__mro__)
+
+
+def _kind_of(source: Any) -> str:
+    names = {(cls.__module__, cls.__name__) for cls in type(source).__mro__}
+    if ("torch.export.exported_program", "ExportedProgram") in names:
+        return "exported_program"
+    if names & {("torch.jit._script", "ScriptModule"), ("torch.jit._script", "RecursiveScriptModule"),
+                ("torch._C", "ScriptModule")}:
+        return "torchscript"
+    return "module"
+
+
+def convert(source: Any, *, example_inputs: Any = None, input_names: Sequence[str] | None = None,
+            output_names: Sequence[str] | None = None, dynamic_batch: bool = False,
+            input_shapes: Mapping[str, Sequence[int]] | None = None, **options: Any) -> Graph:
+    """Convert a PyTorch model into an IR ``Graph``.
+
+    ``example_inputs`` (a tensor or tuple) traces an ``nn.Module`` or TorchScript model;
+    ``input_shapes`` ({name: shape}) stands in for it with float32 inputs of those shapes
+    (what ``--input-shape`` gives). ``dynamic_batch`` makes dim 0 of every input the symbol
+    ``N``. ``input_names``/``output_names`` name the graph's inputs and outputs (defaults:
+    the forward() argument names, ``output`` / ``output_<i>``).
+    """
+    if options:
+        raise ConversionError(f"PyTorch converter: unknown option(s) {sorted(options)}; expected example_inputs, "
+                              "input_names, output_names, dynamic_batch, input_shapes")
+    from . import capture, files, ops, translate
+
+    with capture.quiet():
+        if isinstance(source, (str, os.PathLike)):
+            where = os.fspath(source)
+            kind = files.classify(source)
+            loaded = _load(source, kind, where)
+        else:
+            kind = _kind_of(source)
+            where = f"<{type(source).__name__}>"
+            loaded = source
+        if kind == "exported_program":
+            program = capture.prepare_program(loaded, dynamic_batch, input_shapes, where)
+        elif kind == "torchscript":
+            program, input_names = capture.capture_script(loaded, example_inputs, input_shapes, input_names,
+                                                          dynamic_batch, where)
+        else:
+            program, input_names = capture.capture_module(loaded, example_inputs, input_shapes, input_names,
+                                                          dynamic_batch, where)
+        ops.check_supported(program.graph_module, where)
+        model = translate.to_onnx(program, input_names, output_names, where)
+    from edgeinfer.converters.onnx import import_model
+
+    graph = import_model(model, where)
+    graph.metadata.update(_metadata())
+    return graph
+
+
+def _load(path: str | os.PathLike, kind: str, where: str) -> Any:
+    import torch
+
+    from edgeinfer.errors import ModelFormatError
+
+    try:
+        if kind == "exported_program":
+            return torch.export.load(os.fspath(path))
+        return torch.jit.load(os.fspath(path), map_location="cpu")
+    except Exception as exc:
+        what = "ExportedProgram" if kind == "exported_program" else "TorchScript"
+        raise ModelFormatError(f"{where}: cannot load the {what} archive: {type(exc).__name__}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:400]) from exc
+
+
+def _metadata() -> dict[str, str]:
+    import torch
+
+    return {"source_framework": "pytorch", "torch_version": torch.__version__}
+
+
+def supported_ops_markdown() -> str:
+    """The generated table of supported PyTorch inputs and ops (``docs/pytorch_ops.md``)."""
+    from .ops import supported_ops_markdown as generate
+
+    return generate()
+
+
+__all__ = ["accepts", "convert", "supported_ops_markdown", "SUFFIXES"]

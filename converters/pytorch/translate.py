@@ -1,0 +1,108 @@
+"""ExportedProgram -> ONNX ``ModelProto`` with PyTorch's exporter, then into the IR.
+
+``torch.onnx.export(program, dynamo=True)`` decomposes the program to the ops onnxscript's
+torchlib implements, translates each to ONNX, and runs the onnxscript optimizer (constant
+folding, removal of the exporter's CastLike/Expand scaffolding, BatchNorm folded into the
+preceding Conv). The resulting model goes through edgeinfer's ONNX front end
+(``edgeinfer.converters.onnx.import_model``) like any other ONNX file.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from edgeinfer.errors import ConversionError, EdgeInferError
+
+from .capture import BATCH_SYMBOL, _first_line
+
+
+def default_output_names(count: int) -> list[str]:
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def user_input_count(program: Any) -> int:
+    return len(program.graph_signature.user_inputs)
+
+
+def user_output_count(program: Any) -> int:
+    return len(program.graph_signature.user_outputs)
+
+
+def to_onnx(program: Any, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
+            where: str) -> Any:
+    """Translate an (already checked) ExportedProgram into an ``onnx.ModelProto``."""
+    inputs, outputs = user_input_count(program), user_output_count(program)
+    if input_names is not None and len(input_names) != inputs:
+        raise ConversionError(f"{where}: input_names has {len(input_names)} names {list(input_names)}, but the model "
+                              f"takes {inputs} tensor input(s)")
+    if output_names is not None and len(output_names) != outputs:
+        raise ConversionError(f"{where}: output_names has {len(output_names)} names {list(output_names)}, but the "
+                              f"model returns {outputs} tensor(s)")
+    output_names = list(output_names) if output_names is not None else default_output_names(outputs)
+    try:
+        model = _export(program, list(input_names or []) or None, output_names)
+    except EdgeInferError:
+        raise
+    except Exception as exc:
+        raise ConversionError(f"{where}: the PyTorch ONNX exporter failed: {type(exc).__name__}: "
+                              f"{_first_line(exc)}") from exc
+    name_batch_symbol(model)
+    _check_types(model, where)
+    return model
+
+
+def _check_types(model: Any, where: str) -> None:
+    """Strict ONNX shape inference: catches exporter output that no runtime would load."""
+    import onnx
+
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise ConversionError(f"{where}: the PyTorch ONNX exporter produced an invalid model "
+                              f"({_first_line(exc)}); this is an exporter bug for one of the model's ops") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _torchlib_registry() -> Any:
+    from torch.onnx._internal.exporter import _registration
+
+    return _registration.ONNXRegistry.from_torchlib()
+
+
+def _export(program: Any, input_names: list[str] | None, output_names: list[str]) -> Any:
+    """``torch.onnx.export(program, dynamo=True)``, reusing one torchlib registry.
+
+    The public function rebuilds the registry of several thousand torchlib functions on every
+    call (about a second); its private body ``_core.export`` takes a prebuilt one and is what
+    the public function calls with it. torch is pinned, but if that body ever moves the public
+    function is used instead.
+    """
+    import torch
+
+    options = {"input_names": input_names, "output_names": output_names, "optimize": True, "verbose": False}
+    try:
+        from torch.onnx._internal.exporter import _core
+        registry = _torchlib_registry()
+    except (ImportError, AttributeError):
+        return torch.onnx.export(program, (), dynamo=True, external_data=False, **options).model_proto
+    return _core.export(program, registry=registry, **options).model_proto
+
+
+def name_batch_symbol(model: Any) -> None:
+    """Rename the exporter's symbol for dim 0 (``s77``) to ``N`` when all inputs share it."""
+    symbols = {tuple(i.type.tensor_type.shape.dim)[0].dim_param if i.type.tensor_type.shape.dim else ""
+               for i in model.graph.input}
+    if len(symbols) != 1:
+        return
+    symbol = symbols.pop()
+    if not symbol or symbol == BATCH_SYMBOL:
+        return
+    pattern = re.compile(rf"\b{re.escape(symbol)}\b")
+    graph = model.graph
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                dim.dim_param = pattern.sub(BATCH_SYMBOL, dim.dim_param)

@@ -1,0 +1,8 @@
+"""Put this folder's helper modules (model zoo, op samples, checks) on the import path."""
+
+import sys
+from pathlib import Path
+
+HERE = str(Path(__file__).resolve().parent)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
