@@ -43,11 +43,23 @@ def backend_ops_markdown() -> str:
     return "".join(lines)
 
 
+def caffe_layers_markdown() -> str:
+    """Caffe layer types the Caffe front end converts (V1 enum names map onto these)."""
+    from edgeinfer.converters.caffe import supported_layers
+
+    rows = "".join(f"| {layer} |\n" for layer in supported_layers())
+    return (f"{HEADER}# Caffe layers\n\nLayer types converted by `edgeinfer.converters.caffe` "
+            "(prototxt V2 `layer` and legacy V1 `layers`; numerics checked against OpenCV's DNN "
+            "module or a transcription of Caffe's C++ where OpenCV differs).\n\n| layer type |\n|---|\n"
+            + rows)
+
+
 # file name -> "module:function" returning the file's text
 GENERATORS: dict[str, str] = {
     "ops.md": "edgeinfer.docs:backend_ops_markdown",
     "tensorflow_ops.md": "edgeinfer.converters.tensorflow.docs:render",
     "pytorch_ops.md": "edgeinfer.converters.pytorch.ops:supported_ops_markdown",
+    "caffe_layers.md": "edgeinfer.docs:caffe_layers_markdown",
 }
 
 
