@@ -22,6 +22,7 @@ from edgeinfer.converters.caffe.prototxt import LayerSpec
 from edgeinfer.errors import ConversionError, ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
+from edgeinfer.ir.names import fresh_name
 from edgeinfer.registry import OpRegistry
 
 OPSET = 17
@@ -83,12 +84,7 @@ class NetBuilder:
         self.taken.update(names)
 
     def fresh(self, base: str) -> str:
-        name, index = base, 1
-        while name in self.taken:
-            index += 1
-            name = f"{base}_{index}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken, first=2)
 
     def convert(self, spec: LayerSpec) -> None:
         rule = LAYERS.lookup(spec.type)

@@ -25,6 +25,7 @@ import numpy as np
 from edgeinfer.converters.tflite.reader import ModelDef, OperatorDef, SubGraphDef, TensorDef, read_options
 from edgeinfer.errors import ConversionError, ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
+from edgeinfer.ir.names import fresh_name
 from edgeinfer.registry import OpRegistry
 
 OPSET = 17
@@ -62,13 +63,7 @@ class Builder:
         self.used: set[str] = set()
 
     def fresh(self, hint: str) -> str:
-        base = re.sub(r"\s+", "_", hint) or "t"
-        name, n = base, 1
-        while name in self.used:
-            n += 1
-            name = f"{base}__{n}"
-        self.used.add(name)
-        return name
+        return fresh_name(re.sub(r"\s+", "_", hint) or "t", self.used, sep="__", first=2)
 
     def const(self, array: np.ndarray, hint: str) -> str:
         name = self.fresh(hint)

@@ -54,6 +54,7 @@ import onnx
 from edgeinfer.errors import BackendError, UnsupportedOpError
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN, Graph, Node, Value
 from edgeinfer.ir.infer import type_rule
+from edgeinfer.ir.names import fresh_name
 from edgeinfer.registry import OpRegistry
 
 ACTIVATIONS: dict[str, int] = {  # name -> number of activation_params
@@ -72,12 +73,7 @@ class LoweringContext:
     taken: set[str] = field(default_factory=set)
 
     def fresh(self, base: str) -> str:
-        name, index = base, 0
-        while name in self.taken:
-            index += 1
-            name = f"{base}_{index}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
 
 @dataclass

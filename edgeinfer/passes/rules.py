@@ -24,6 +24,7 @@ import numpy as np
 
 from edgeinfer.errors import PassError
 from edgeinfer.ir import Graph, Node, Value
+from edgeinfer.ir.names import fresh_name
 from edgeinfer.passes.manager import PassResult, graph_pass
 
 MAX_SWEEPS = 64
@@ -96,12 +97,7 @@ class GraphView:
 
     def fresh(self, base: str) -> str:
         """A value or node name not used anywhere in the graph (nor handed out before)."""
-        name, index = base, 0
-        while name in self._taken:
-            index += 1
-            name = f"{base}_{index}"
-        self._taken.add(name)
-        return name
+        return fresh_name(base, self._taken)
 
 
 def input_at(node: Node, index: int) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
+from edgeinfer.ir.names import fresh_name
 from edgeinfer.quantize.methods import INT8, INT32_BIAS, UINT8, QuantType, quant_params
 from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
 
@@ -268,12 +269,7 @@ class _Builder:
         self.types: list[Value] = []
 
     def fresh(self, base: str) -> str:
-        name, index = base, 0
-        while name in self.taken:
-            index += 1
-            name = f"{base}_{index}"
-        self.taken.add(name)
-        return name
+        return fresh_name(base, self.taken)
 
     def const(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)

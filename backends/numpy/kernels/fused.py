@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from edgeinfer.backends.numpy.registry import KERNELS, KernelContext, kernel
 
+from edgeinfer.backends.numpy.registry import KERNELS, KernelContext, kernel
 from edgeinfer.ir import lowering as ei_ops
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
