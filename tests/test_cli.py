@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from onnx import helper
 
 import edgeinfer as ei
 from edgeinfer.cli import main
@@ -76,6 +77,10 @@ def test_input_shape_override_fixes_batch(tmp_path, onnx_file):
     (["run", "{onnx}", "--input", "x={pickled}"], "not a readable .npy file without pickles"),
     (["run", "{onnx}", "--backend", "tpu", "--random-inputs"], "unknown backend"),
     (["inspect", "{bad}"], "expected an ONNX protobuf"),
+    (["inspect", "{bad_eim}"], "bad.eim"),
+    (["run", "{truncated_eim}", "--random-inputs"], "truncated.eim"),
+    (["convert", "{unknown_op}", "-o", "{out}"], "op 'FancyConv' is not an ONNX operator"),
+    (["convert", "{cycle}", "-o", "{out}"], "cycle"),
     (["export", "{onnx}", "-o", "{tmp}/x.bin"], "ending in .onnx"),
 ])
 def test_bad_input_prints_one_line_and_exits_2(tmp_path, onnx_file, args, message):
@@ -83,7 +88,25 @@ def test_bad_input_prints_one_line_and_exits_2(tmp_path, onnx_file, args, messag
     bad.write_bytes(b"\x12\x34not onnx at all")
     np.save(tmp_path / "wrong.npy", np.zeros((1, 8), np.float64))
     np.save(tmp_path / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    values = {"missing": tmp_path / "absent.onnx", "bad": bad, "onnx": onnx_file,
+    bad_eim = tmp_path / "bad.eim"
+    bad_eim.write_bytes(b"EIM\x00" + bytes(range(200)))
+    good_eim = tmp_path / "good.eim"
+    ei.convert(onnx_file).save(good_eim)
+    truncated = tmp_path / "truncated.eim"
+    truncated.write_bytes(good_eim.read_bytes()[:-100])
+    unknown = helper.make_model(helper.make_graph(
+        [helper.make_node("FancyConv", ["x"], ["y"], name="layer7")], "g",
+        [helper.make_tensor_value_info("x", 1, [1])], [helper.make_tensor_value_info("y", 1, [1])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(unknown, tmp_path / "unknown.onnx")
+    cyclic = helper.make_model(helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Relu", ["a"], ["b"])], "g",
+        [helper.make_tensor_value_info("x", 1, [1])], [helper.make_tensor_value_info("b", 1, [1])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(cyclic, tmp_path / "cycle.onnx")
+    values = {"missing": tmp_path / "absent.onnx", "bad": bad, "onnx": onnx_file, "bad_eim": bad_eim,
+              "truncated_eim": truncated, "unknown_op": tmp_path / "unknown.onnx",
+              "cycle": tmp_path / "cycle.onnx",
               "out": tmp_path / "o.eim", "tmp": tmp_path, "wrongdtype": tmp_path / "wrong.npy",
               "pickled": tmp_path / "pickled.npy"}
     result = CliRunner().invoke(main, [a.format(**values) for a in args])
