@@ -45,8 +45,8 @@ def convert(source: Any, *, batch_size: int | None = None, dynamic_batch: bool =
     """Convert a Keras model (object or ``.keras`` file) or a SavedModel directory.
 
     ``representative_data`` (an iterable of inputs, each an array or a list of arrays) makes
-    TensorFlow's converter calibrate a full-integer INT8 model, imported as QDQ with int8
-    inputs and outputs.
+    TensorFlow's converter calibrate a full-integer INT8 model with int8 inputs and outputs
+    (recurrent layers are unrolled first, see ``unroll_recurrent_layers``).
 
     ``batch_size`` fixes the batch dim before conversion. With None the model's own (usually
     dynamic) batch is kept; if TensorFlow's converter cannot lower the model with a dynamic
@@ -75,6 +75,8 @@ def to_tflite(source: Any, *, batch_size: int | None = None, representative_data
         if path.is_dir():
             return _convert_saved_model(path, batch_size, representative_data)
         source = load_keras_file(path)
+    if representative_data is not None:
+        source = unroll_recurrent_layers(source)
     if batch_size is not None:
         return _run(_keras_fixed_batch(source, batch_size), representative_data, str(type(source).__name__)), batch_size
     try:
@@ -108,6 +110,47 @@ def load_keras_file(path: Path):
     except Exception as exc:  # zipfile.BadZipFile and Keras' own errors on damaged archives
         raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+
+
+def unroll_recurrent_layers(model):
+    """``model`` with every Keras RNN layer (LSTM, GRU, SimpleRNN, ...) rebuilt with
+    ``unroll=True`` and the same weights; ``model`` itself if it has none.
+
+    Why: a rolled RNN lowers to a WHILE loop with float state, and quantizing that loop
+    crashes TF 2.21's converter (a segfault, not an exception). Unrolled, the recurrence is
+    ``sequence length`` copies of plain FULLY_CONNECTED/ADD/MUL/LOGISTIC/TANH ops, which the
+    converter quantizes like any feed-forward graph. Limits: the sequence length must be
+    static, and the graph grows linearly with it.
+    """
+    import keras
+
+    def rolled(layer) -> bool:
+        return isinstance(layer, keras.layers.RNN) and not layer.get_config().get("unroll", False)
+
+    def walk(layer):
+        yield layer
+        for inner in getattr(layer, "layers", ()):
+            yield from walk(inner)
+
+    if not any(rolled(layer) for layer in walk(model)):
+        return model
+
+    def clone(layer):
+        config = layer.get_config()
+        if rolled(layer):
+            config["unroll"] = True
+        return layer.__class__.from_config(config)
+
+    try:
+        unrolled = keras.models.clone_model(model, clone_function=clone)
+        unrolled.set_weights(model.get_weights())
+    except (ValueError, TypeError) as exc:
+        raise ConversionError(
+            f"{type(model).__name__}: full-integer conversion needs its recurrent layers unrolled "
+            "(TensorFlow's converter cannot quantize the WHILE loop of a rolled RNN), and "
+            f"unrolling failed: {str(exc).splitlines()[0][:300]}. Build the layers with unroll=True "
+            "and a static sequence length") from exc
+    return unrolled
 
 
 def _keras_converter(model):
@@ -176,4 +219,4 @@ def _run(converter, representative_data, where: str) -> bytes:
         raise ConversionError(f"{where}: TensorFlow's TFLite converter failed: {lines[0][:400]}") from exc
 
 
-__all__ = ["accepts", "convert", "to_tflite", "load_keras_file"]
+__all__ = ["accepts", "convert", "to_tflite", "load_keras_file", "unroll_recurrent_layers"]

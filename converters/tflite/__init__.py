@@ -3,7 +3,11 @@
 No TensorFlow at run time: ``reader`` verifies and parses the flatbuffer with a checked
 accessor the project owns (field slots from ``schema.fbs``), ``importer`` maps each operator
 through a registry of per-op rules (``ops/``) to standard ONNX ops (opset 17). Quantized
-models import as QuantizeLinear/DequantizeLinear around float ops; NHWC layout is kept on
+models import as QuantizeLinear/DequantizeLinear around float ops, except the int8 ops whose
+fixed-point arithmetic differs from float-then-round (FULLY_CONNECTED, BATCH_MATMUL, ADD,
+SUB, MUL, SQUARED_DIFFERENCE, MEAN, SOFTMAX, RSQRT): those become ``edgeinfer::TFLite*``
+integer kernels, bit-exact with TFLite's builtin kernels (``edgeinfer.ir.lowering_tflite``).
+NHWC layout is kept on
 tensors and wrapped with Transposes around layout-sensitive ops, which the
 ``cancel_transposes`` pass removes between layers.
 """

@@ -6,7 +6,9 @@ view is ``DequantizeLinear(raw)``, and a quantized op output is produced as a fl
 and then ``QuantizeLinear``-ed into its raw value. A full-integer model therefore imports as
 QDQ: each float op sits between the exact requantization points of the TFLite model, so the
 numbers match the TFLite interpreter's to within one quantization step, and backends with
-integer kernels can fuse the pattern back.
+integer kernels can fuse the pattern back. Where TFLite's fixed-point arithmetic differs from
+float-then-round, a rule emits an ``edgeinfer::TFLite*`` integer kernel on the raw int8
+values instead (``OpContext.emit_int8``), bit-exact with TFLite's builtin kernels.
 
 Tensors stay in TFLite's NHWC layout; rules for layout-sensitive ops wrap the ONNX op in
 ``Transpose`` nodes (and transpose constant weights here, once). The ``cancel_transposes``
@@ -205,6 +207,7 @@ class OpContext:
     def __init__(self, importer: SubgraphImporter, op: OperatorDef, options: dict[str, Any]):
         self.imp, self.op, self.options = importer, op, options
         self._float_out: dict[int, str] = {}
+        self._raw_out: dict[int, str] = {}
 
     # reading
     @property
@@ -270,6 +273,56 @@ class OpContext:
         """Output ``k`` is an existing float value (an op that only relabels its input)."""
         self._float_out[k] = name
 
+    # integer kernels (edgeinfer::TFLite*, see edgeinfer.ir.lowering_tflite)
+    def int8_tensors(self, inputs: Sequence[int], *, per_channel: Sequence[int] = ()) -> bool:
+        """Whether inputs ``inputs`` and output 0 are int8 with per-tensor quantization (the
+        inputs in ``per_channel`` may be quantized per channel): the case TFLite runs its
+        integer kernel for, which the rule can then import as an ``edgeinfer::TFLite*`` op."""
+        tensors = [(self.tensor(k), k in per_channel) for k in inputs] + [(self.out_tensor(0), False)]
+        return all(t.dtype == "int8" and t.quant is not None and (channel or not t.quant.per_channel)
+                   for t, channel in tensors)
+
+    def qlinear(self, k: int) -> list[str]:
+        """[raw int8 value, scale, zero point] of input ``k`` (QLinear operand order)."""
+        quant = self.tensor(k).quant
+        flat = (lambda a: a) if quant.per_channel else (lambda a: a.reshape(()))
+        name = self.tensor(k).name
+        return [self.raw(k), self.constant(flat(quant.scale).astype(np.float32), f"{name}_scale"),
+                self.constant(flat(quant.zero_point).astype(np.int8), f"{name}_zero_point")]
+
+    def out_qlinear(self) -> list[str]:
+        """[scale, zero point] of output 0."""
+        tensor = self.out_tensor(0)
+        return [self.constant(tensor.quant.scale.reshape(()).astype(np.float32), f"{tensor.name}_scale"),
+                self.constant(tensor.quant.zero_point.reshape(()).astype(np.int8), f"{tensor.name}_zero_point")]
+
+    def int8_clip_range(self) -> tuple[int, int] | None:
+        """The fused activation as an int8 range on output 0 (TFLite's
+        ``CalculateActivationRangeQuantized``); None for activations that are not a clamp."""
+        from edgeinfer.converters.tflite import schema
+
+        code = self.options.get("fused_activation_function", 0)
+        act = schema.ACTIVATIONS[code] if 0 <= code < len(schema.ACTIVATIONS) else None
+        bounds = {"NONE": (None, None), "RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+        quant = self.out_tensor(0).quant
+        if act not in bounds or quant is None:
+            return None
+        scale, zero = float(quant.scale.reshape(-1)[0]), int(quant.zero_point.reshape(-1)[0])
+
+        def level(value: float) -> int:  # zero_point + std::round(value / scale), in float32
+            ratio = float(np.float32(value) / np.float32(scale))
+            return zero + int(np.copysign(np.floor(abs(ratio) + 0.5), ratio))
+
+        lo, hi = bounds[act]
+        return (max(-128, level(lo)) if lo is not None else -128, min(127, level(hi)) if hi is not None else 127)
+
+    def emit_int8(self, op_type: str, inputs: Sequence[str], **attrs: Any) -> None:
+        """Emit integer kernel ``edgeinfer::op_type`` producing output 0's raw int8 value."""
+        raw = self.imp.builder.fresh(self.out_tensor(0).name)
+        self.imp.emit(op_type, inputs, [raw], hint=f"{self.out_tensor(0).name}_{op_type}", domain="edgeinfer",
+                      **attrs)
+        self._raw_out[0] = raw
+
     def emit(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | str | int = 1,
              **attrs: Any) -> list[str]:
         hint = self.out_tensor(0).name if self.op.outputs and self.op.outputs[0] >= 0 else self.op.opcode
@@ -306,6 +359,9 @@ class OpContext:
             if index < 0:
                 continue
             tensor = imp.tensor(index)
+            if k in self._raw_out:
+                imp.raw[index] = self._raw_out[k]
+                continue
             if k not in self._float_out:
                 raise ConversionError(f"{self.where}: the rule produced no value for output {k} "
                                       f"({tensor.name!r})")

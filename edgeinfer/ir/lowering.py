@@ -373,3 +373,6 @@ def lower_attention(node: Node, ctx: LoweringContext) -> Lowered:
                   Node("Transpose", [context], [context_t], {"perm": (0, 2, 1, 3)}),
                   Node("Reshape", [context_t, merge], [y])]
     return out
+
+
+from edgeinfer.ir import lowering_tflite  # noqa: E402,F401  (registers the edgeinfer::TFLite* lowerings)

@@ -10,6 +10,8 @@ static spatial dims the pads are written out explicitly.
 
 from __future__ import annotations
 
+import numpy as np
+
 from edgeinfer.converters.tflite import schema
 from edgeinfer.converters.tflite.importer import NCHW_TO_NHWC, NHWC_TO_NCHW, OpContext, rule
 from edgeinfer.errors import UnsupportedOpError
@@ -115,6 +117,8 @@ def fully_connected(ctx: OpContext) -> None:
     if ctx.opt("weights_format") != 0:
         raise UnsupportedOpError(f"{ctx.where}: shuffled weight formats are not supported")
     out_units, in_units = ctx.tensor(1).shape
+    if _int8_fully_connected(ctx, in_units):
+        return
     x = ctx.x(0)
     in_shape = ctx.shape(0)
     bias = [ctx.x(2)] if ctx.has(2) else []
@@ -126,3 +130,18 @@ def fully_connected(ctx: OpContext) -> None:
         ctx.emit_fused("Add", [ctx.emit1("MatMul", [x, ctx.x(1, perm=(1, 0))])] + bias)
     else:
         ctx.emit_fused("MatMul", [x, ctx.x(1, perm=(1, 0))])
+
+
+def _int8_fully_connected(ctx: OpContext, in_units: int) -> bool:
+    """Full-integer FULLY_CONNECTED as ``edgeinfer::TFLiteFullyConnected`` (int8 weights per
+    tensor or per unit, int32 bias); False where the QDQ import applies instead."""
+    bias_ok = not ctx.has(2) or (ctx.tensor(2).dtype == "int32" and ctx.const(2) is not None)
+    clip = ctx.int8_clip_range()
+    if not (ctx.int8_tensors((0, 1), per_channel=(1,)) and ctx.const(1) is not None and bias_ok and clip):
+        return False
+    x, *x_params = ctx.qlinear(0)
+    if len(ctx.shape(0)) != 2 and not ctx.opt("keep_num_dims"):
+        x = ctx.emit1("Reshape", [x, ctx.constant(np.array([-1, in_units], np.int64), "fc_shape")])
+    inputs = [x, *x_params, *ctx.qlinear(1), *ctx.out_qlinear()] + ([ctx.raw(2)] if ctx.has(2) else [])
+    ctx.emit_int8("TFLiteFullyConnected", inputs, clip_min=clip[0], clip_max=clip[1])
+    return True

@@ -20,8 +20,16 @@ _UNARY = {"LOGISTIC": "Sigmoid", "TANH": "Tanh", "RELU": "Relu", "EXP": "Exp", "
 _CLIPS = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}
 
 
+_INT8_BINARY = {"Add": "TFLiteAdd", "Sub": "TFLiteSub", "Mul": "TFLiteMul"}
+
+
 def _binary(onnx_op: str):
     def convert(ctx: OpContext) -> None:
+        clip = ctx.int8_clip_range() if onnx_op in _INT8_BINARY else None
+        if clip and ctx.int8_tensors((0, 1)):
+            ctx.emit_int8(_INT8_BINARY[onnx_op], [*ctx.qlinear(0), *ctx.qlinear(1), *ctx.out_qlinear()],
+                          clip_min=clip[0], clip_max=clip[1])
+            return
         ctx.emit_fused(onnx_op, [ctx.x(0), ctx.x(1)])
 
     return convert
@@ -71,6 +79,9 @@ def not_equal(ctx: OpContext) -> None:
 
 @rule("SQUARED_DIFFERENCE")
 def squared_difference(ctx: OpContext) -> None:
+    if ctx.int8_tensors((0, 1)):
+        ctx.emit_int8("TFLiteSquaredDifference", [*ctx.qlinear(0), *ctx.qlinear(1), *ctx.out_qlinear()])
+        return
     diff = ctx.emit1("Sub", [ctx.x(0), ctx.x(1)])
     ctx.emit1("Mul", [diff, diff], ctx.out())
 
@@ -83,6 +94,9 @@ def square(ctx: OpContext) -> None:
 
 @rule("RSQRT")
 def rsqrt(ctx: OpContext) -> None:
+    if ctx.int8_tensors((0,)):
+        ctx.emit_int8("TFLiteRsqrt", [*ctx.qlinear(0), *ctx.out_qlinear()])
+        return
     ctx.emit1("Reciprocal", [ctx.emit1("Sqrt", [ctx.x(0)])], ctx.out())
 
 

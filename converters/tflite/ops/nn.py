@@ -34,6 +34,9 @@ def average_pool(ctx: OpContext) -> None:
 
 @rule("SOFTMAX", options="SoftmaxOptions")
 def softmax(ctx: OpContext) -> None:
+    if ctx.int8_tensors((0,)):
+        ctx.emit_int8("TFLiteSoftmax", [*ctx.qlinear(0), *ctx.out_qlinear()], beta=float(ctx.opt("beta")))
+        return
     x, beta = ctx.x(0), float(ctx.opt("beta"))
     if beta != 1.0:
         x = ctx.emit1("Mul", [x, ctx.constant(np.float32(beta), "softmax_beta")])
@@ -47,6 +50,16 @@ def log_softmax(ctx: OpContext) -> None:
 
 @rule("BATCH_MATMUL", options="BatchMatMulOptions")
 def batch_matmul(ctx: OpContext) -> None:
+    if ctx.int8_tensors((0, 1)):
+        operands = []
+        for k, adjoint in ((0, ctx.opt("adj_x")), (1, ctx.opt("adj_y"))):
+            raw, *params = ctx.qlinear(k)
+            if adjoint:
+                rank = len(ctx.tensor(k).shape)
+                raw = ctx.emit1("Transpose", [raw], perm=tuple(range(rank - 2)) + (rank - 1, rank - 2))
+            operands += [raw, *params]
+        ctx.emit_int8("TFLiteBatchMatMul", operands + ctx.out_qlinear())
+        return
     operands = []
     for k, adjoint in ((0, ctx.opt("adj_x")), (1, ctx.opt("adj_y"))):
         if adjoint:

@@ -16,6 +16,8 @@ def _reducer(onnx_op: str):
     def convert(ctx: OpContext) -> None:
         axes = tuple(int(a) for a in np.asarray(ctx.const_required(1, "axes")).reshape(-1))
         keepdims = int(bool(ctx.opt("keep_dims")))
+        if onnx_op == "ReduceMean" and axes and _int8_mean(ctx, axes, keepdims):
+            return
         x = ctx.x(0)
         if not axes:
             ctx.emit1("Identity", [x], ctx.out())
@@ -25,6 +27,23 @@ def _reducer(onnx_op: str):
             ctx.emit1(onnx_op, [x], ctx.out(), axes=axes, keepdims=keepdims)
 
     return convert
+
+
+def _int8_mean(ctx: OpContext, axes: tuple[int, ...], keepdims: int) -> bool:
+    """Full-integer MEAN as ``edgeinfer::TFLiteMean``: TFLite's general quantized mean (integer
+    sum, 1/count folded into the requantization multiplier). Its two special cases keep the
+    QDQ import: equal input and output quantization, and 4-D means over H and W with
+    keep_dims (those run other kernels)."""
+    if not ctx.int8_tensors((0,)):
+        return False
+    rank = len(ctx.tensor(0).shape)
+    spatial = keepdims and rank == 4 and sorted(a % rank for a in axes) == [1, 2]
+    same = ctx.tensor(0).quant.scale.reshape(-1)[0] == ctx.out_tensor().quant.scale.reshape(-1)[0] and \
+        ctx.tensor(0).quant.zero_point.reshape(-1)[0] == ctx.out_tensor().quant.zero_point.reshape(-1)[0]
+    if spatial or same:
+        return False
+    ctx.emit_int8("TFLiteMean", [*ctx.qlinear(0), *ctx.out_qlinear()], axes=axes, keepdims=keepdims)
+    return True
 
 
 for _name, _op in _REDUCERS.items():

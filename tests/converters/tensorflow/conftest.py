@@ -151,15 +151,10 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("model_name", sorted(MODELS))
 
 
-# Models TF's converter cannot turn into full-integer TFLite: Keras RNN layers lower to WHILE
-# loops with float state, and quantizing them crashes TF 2.21's converter (a segfault, so it
-# is not even attempted).
-NO_INT8 = frozenset({"lstm", "gru"})
-
-
 @pytest.fixture(scope="session")
 def tflite_files(keras_models, tmp_path_factory):
-    """name -> (float .tflite path, full-INT8 .tflite path or None for NO_INT8), converted once."""
+    """name -> (float .tflite path, full-INT8 .tflite path), converted once. The INT8 LSTM and
+    GRU are unrolled by ``to_tflite`` (their float files keep the WHILE loop)."""
     from edgeinfer.converters.tensorflow import to_tflite
 
     folder = tmp_path_factory.mktemp("tflite")
@@ -167,12 +162,9 @@ def tflite_files(keras_models, tmp_path_factory):
     for name, model in keras_models.items():
         fp32, _ = to_tflite(model)
         calibration = [sample_input(model, seed=s) for s in range(8)]
-        int8 = None if name in NO_INT8 else to_tflite(model, representative_data=calibration)[0]
+        int8 = to_tflite(model, representative_data=calibration)[0]
         paths = []
         for suffix, data in (("fp32", fp32), ("int8", int8)):
-            if data is None:
-                paths.append(None)
-                continue
             path = folder / f"{name}_{suffix}.tflite"
             path.write_bytes(data)
             paths.append(path)
