@@ -7,10 +7,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from edgeinfer.converters.onnx import export
 
 import edgeinfer as ei
 from edgeinfer import zoo
+from edgeinfer.converters.onnx import export
 from edgeinfer.testing import assert_close
 
 RTOL, ATOL = 1e-4, 1e-5  # different engines, summation orders and folded BatchNormalization

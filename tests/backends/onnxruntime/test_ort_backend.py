@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from edgeinfer.backends.onnxruntime import lowerings as lowering_module
 
 import edgeinfer as ei
 from edgeinfer import zoo
 from edgeinfer.backend import CompileOptions, get_backend
+from edgeinfer.backends.onnxruntime import lowerings as lowering_module
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.lowering import Lowered, LoweringContext
 from edgeinfer.ir.onnx_io import graph_to_model as export_model
