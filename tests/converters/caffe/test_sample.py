@@ -46,3 +46,29 @@ def test_evaluate_script_reports_accuracy_and_latency():
     results = _load("evaluate").evaluate(repeats=3)
     assert results["accuracy"] >= 0.97 and results["accuracy"] == results["opencv_accuracy"]
     assert results["latency_ms"] > 0
+
+
+def test_cli_converts_the_sample_and_runs_it(tmp_path):
+    """`edgeinfer convert deploy.prototxt --weights net.caffemodel -o net.eim`, then `run`."""
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+    from edgeinfer.testing import assert_close
+
+    train = _load("train")
+    _, images, _, _ = train.split()
+    out = tmp_path / "lenet.eim"
+    runner = CliRunner()
+    result = runner.invoke(main, ["convert", str(train.PROTOTXT), "--weights", str(train.CAFFEMODEL),
+                                  "-o", str(out), "--dynamic-batch"])
+    assert result.exit_code == 0, result.output
+    loaded = ei.load(out)
+    expected = Session(ei.convert(train.PROTOTXT, weights=train.CAFFEMODEL,
+                                  input_shapes={"data": images[:5].shape})).run({"data": images[:5]})["prob"]
+    assert_close(Session(loaded).run({"data": images[:5]})["prob"], expected)
+    np.save(tmp_path / "x.npy", images[:1])
+    result = runner.invoke(main, ["run", str(out), "--input", f"data={tmp_path / 'x.npy'}", "--repeat", "1"])
+    assert result.exit_code == 0 and "output prob: float32[1, 10]" in result.output, result.output
+    result = runner.invoke(main, ["convert", str(train.PROTOTXT), "--weights", str(tmp_path / "none.caffemodel"),
+                                  "-o", str(tmp_path / "bad.eim")])
+    assert result.exit_code == 2 and "none.caffemodel" in result.output

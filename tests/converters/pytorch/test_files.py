@@ -225,3 +225,32 @@ def test_truncated_pt2_is_refused(saved, tmp_path) -> None:
         handle.truncate(path.stat().st_size // 2)
     with pytest.raises(ModelFormatError):
         ei.convert(path)
+
+
+def test_cli_converts_pt2_and_torchscript_files(saved, tmp_path) -> None:
+    """`edgeinfer convert model.pt2 -o model.eim` and TorchScript with --input-shape/--dynamic-batch."""
+    import numpy as np
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+
+    runner = CliRunner()
+    pt2_eim, ts_eim = tmp_path / "pt2.eim", tmp_path / "ts.eim"
+    result = runner.invoke(main, ["convert", str(saved["dynamic.pt2"]), "-o", str(pt2_eim)])
+    assert result.exit_code == 0, result.output
+    check_lenet(ei.load(pt2_eim), 3)
+    result = runner.invoke(main, ["convert", str(saved["scripted.pt"]), "-o", str(ts_eim),
+                                  "--input-shape", "input:1x1x28x28", "--dynamic-batch"])
+    assert result.exit_code == 0, result.output
+    loaded = ei.load(ts_eim)
+    assert loaded.inputs[0].shape == ("N", 1, 28, 28)
+    check_lenet(loaded, 5)
+    x = np.asarray(ZOO["lenet"].inputs(2)[0], dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = runner.invoke(main, ["run", str(ts_eim), "--input", f"input={tmp_path / 'x.npy'}", "--repeat", "1"])
+    assert result.exit_code == 0 and "latency" in result.output, result.output
+    result = runner.invoke(main, ["convert", str(saved["scripted.pt"]), "-o", str(tmp_path / "bad.eim")])
+    assert result.exit_code == 2 and "--input-shape" in result.output
+    assert not (tmp_path / "bad.eim").exists()
+    result = runner.invoke(main, ["convert", str(saved["module.pt"]), "-o", str(tmp_path / "bad.eim")])
+    assert result.exit_code == 2 and "torch.export.save" in result.output
