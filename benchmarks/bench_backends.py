@@ -13,6 +13,7 @@ numpy / onnxruntime of the medians. Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import onnx
 
 import edgeinfer as ei
 from edgeinfer import zoo
+from edgeinfer.benchmark import time_interleaved
 
 BACKENDS = ("numpy", "onnxruntime")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -51,16 +53,8 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
     feeds = zoo.example_inputs(proto, seed=0)
     sessions = {backend: ei.Session(model, backend=backend, threads=threads) for backend in BACKENDS}
     outputs = {backend: session.run(feeds) for backend, session in sessions.items()}
-    for _ in range(warmup):
-        for session in sessions.values():
-            session.run(feeds)
-    times: dict[str, list[float]] = {backend: [] for backend in BACKENDS}
-    for index in range(rounds):
-        order = BACKENDS if index % 2 == 0 else BACKENDS[::-1]
-        for backend in order:
-            start = time.perf_counter()
-            sessions[backend].run(feeds)
-            times[backend].append(time.perf_counter() - start)
+    times = time_interleaved({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
+                             rounds=rounds, warmup=warmup)
     result: dict[str, Any] = {
         "model": name,
         "nodes": len(model.graph.nodes),

@@ -14,10 +14,10 @@ a speedup below 1 beyond the noise is a regression. Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +26,7 @@ import onnx
 
 import edgeinfer as ei
 from edgeinfer import zoo
+from edgeinfer.benchmark import time_interleaved
 from edgeinfer.testing import assert_close
 
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -34,22 +35,6 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),
 }
 VARIANTS = {"fp32": 0, "optimized": 2}  # name -> optimization level
-
-
-def time_interleaved(sessions: dict[str, ei.Session], feeds: dict[str, np.ndarray], rounds: int,
-                     warmup: int) -> dict[str, list[float]]:
-    names = list(sessions)
-    for _ in range(warmup):
-        for name in names:
-            sessions[name].run(feeds)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(rounds):
-        order = names if round_index % 2 == 0 else names[::-1]
-        for name in order:
-            start = time.perf_counter()
-            sessions[name].run(feeds)
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def bench_model(name: str, backends: list[str], threads: int, rounds: int, warmup: int) -> list[dict[str, Any]]:
@@ -64,7 +49,8 @@ def bench_model(name: str, backends: list[str], threads: int, rounds: int, warmu
         for output, value in reference.items():
             # fp32 reassociation (folded BN, fused epilogues) over a deep net: 1e-4 relative
             assert_close(optimized[output], value, rtol=1e-4, atol=1e-4, name=f"{name}/{backend}/{output}")
-        times = time_interleaved(sessions, feeds, rounds, warmup)
+        times = time_interleaved({name: functools.partial(session.run, feeds) for name, session in sessions.items()},
+                                 rounds=rounds, warmup=warmup)
         medians = {v: float(np.median(t)) for v, t in times.items()}
         rows.append({
             "model": name, "backend": backend,

@@ -23,6 +23,7 @@ quantize_static. Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -36,6 +37,7 @@ import onnx
 
 import edgeinfer as ei
 from edgeinfer import zoo
+from edgeinfer.benchmark import time_interleaved
 from edgeinfer.ir.onnx_io import graph_to_model
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, quantize_static
@@ -88,15 +90,8 @@ def bench_model(name: str, *, threads: int, rounds: int, calibration: int) -> di
         raise SystemExit(f"{name}: degenerate fp32 outputs (std across inputs {spread:.3g}); not timing")
     quality = {k: sqnr_db(reference, np.concatenate(v)) for k, v in outputs.items()}
     feeds = checks[0]
-    for session in sessions.values():
-        for _ in range(2):
-            session.run(feeds)
-    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    for index in range(rounds):
-        for variant in (VARIANTS if index % 2 == 0 else VARIANTS[::-1]):
-            start = time.perf_counter()
-            sessions[variant].run(feeds)
-            times[variant].append(time.perf_counter() - start)
+    times = time_interleaved({variant: functools.partial(sessions[variant].run, feeds) for variant in VARIANTS},
+                             rounds=rounds, warmup=2)
     median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
     return {"model": name, "threads": threads, "rounds": rounds, "median_ms": median,
             "sqnr_db_vs_fp32": quality, "output_std_across_inputs": spread, "edgeinfer_quantize_s": quantize_s,
