@@ -7,6 +7,8 @@ The backend reports which ops used this path.
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import onnx
 from onnx import helper
@@ -60,17 +62,18 @@ def _typed_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
     return info
 
 
+# domain -> the onnx.reference module whose load_op serves it
+_REFERENCE_LOADERS = {"": "onnx.reference.ops", "ai.onnx.ml": "onnx.reference.ops.aionnxml",
+                      "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
+                      "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training"}
+
+
 def reference_supports(node: Node, opset: dict[str, int]) -> str | None:
     """None if onnx.reference has an implementation for this op at this opset."""
-    import importlib
-
-    loaders = {"": "onnx.reference.ops", "ai.onnx.ml": "onnx.reference.ops.aionnxml",
-               "ai.onnx.preview": "onnx.reference.ops.aionnx_preview",
-               "ai.onnx.preview.training": "onnx.reference.ops.aionnx_preview_training"}
-    if node.domain not in loaders:
+    if node.domain not in _REFERENCE_LOADERS:
         return f"no numpy kernel, and onnx.reference has no ops of domain {node.domain!r}"
     try:
-        load_op = importlib.import_module(loaders[node.domain]).load_op
+        load_op = importlib.import_module(_REFERENCE_LOADERS[node.domain]).load_op
         load_op(node.domain, node.op_type, opset.get(node.domain, 1))
     except Exception as exc:  # onnx raises RuntimeError / NotImplementedError / ValueError
         return f"no numpy kernel and no onnx.reference kernel ({exc})".split("\n")[0]

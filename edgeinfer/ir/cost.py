@@ -14,22 +14,14 @@ import numpy as np
 
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.graph import Graph, Node
+from edgeinfer.registry import OpRegistry
 
-_FLOP_RULES: dict[tuple[str, str], Callable[[Node, Graph], float]] = {}
+FLOP_RULES: OpRegistry[Callable[[Node, Graph], float]] = OpRegistry("FLOP estimate")
 
 
 def flop_rule(*op_types: str, domain: str = ""):
     """Register a FLOP estimate for ops; the function gets (node, graph)."""
-
-    def register(fn):
-        for op in op_types:
-            key = (domain, op)
-            if key in _FLOP_RULES:
-                raise ValueError(f"duplicate FLOP rule for {key}")
-            _FLOP_RULES[key] = fn
-        return fn
-
-    return register
+    return FLOP_RULES.decorator(op_types, domain=domain)
 
 
 def _numel(shape) -> int | None:
@@ -68,7 +60,7 @@ def _matmul_flops(node: Node, graph: Graph) -> float:
 
 
 def node_flops(node: Node, graph: Graph) -> float:
-    rule = _FLOP_RULES.get((node.domain, node.op_type))
+    rule = FLOP_RULES.lookup(node.op_type, domain=node.domain)
     if rule is not None:
         return rule(node, graph)
     numel = [_numel(_shape(graph, o)) for o in node.outputs if o]

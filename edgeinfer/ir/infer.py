@@ -19,23 +19,16 @@ import onnx
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.graph import Graph, Node, Value
 from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
+from edgeinfer.registry import OpRegistry
 
 TypeRule = Callable[[Node, Sequence[Value]], Sequence[tuple]]
-_TYPE_RULES: dict[tuple[str, str], TypeRule] = {}
+TYPE_RULES: OpRegistry[TypeRule] = OpRegistry("type rule")
 _INLINE_CONST_LIMIT = 4096  # elements; bigger constants are passed by type only
 
 
 def type_rule(op_type: str, domain: str):
     """Register ``fn(node, input_values) -> [(dtype, shape), ...]`` for a non-ONNX op."""
-
-    def register(fn: TypeRule) -> TypeRule:
-        key = (domain, op_type)
-        if key in _TYPE_RULES:
-            raise ValueError(f"duplicate type rule for {domain}::{op_type}")
-        _TYPE_RULES[key] = fn
-        return fn
-
-    return register
+    return TYPE_RULES.decorator(op_type, domain=domain)
 
 
 def _inference_model(graph: Graph) -> onnx.ModelProto:
@@ -88,7 +81,7 @@ def _run_onnx_inference(graph: Graph) -> bool:
 def _run_custom_rules(graph: Graph) -> bool:
     changed = False
     for node in graph.nodes:
-        rule = _TYPE_RULES.get((node.domain, node.op_type))
+        rule = TYPE_RULES.lookup(node.op_type, domain=node.domain)
         if rule is None:
             continue
         inputs = [graph.values[i] if i else Value("") for i in node.inputs]
@@ -104,7 +97,7 @@ def infer_types(graph: Graph, max_rounds: int = 8) -> Graph:
     """Fill in dtype and shape of every value that can be inferred (in place; returns graph)."""
     from edgeinfer.ir import lowering  # noqa: F401  (registers the edgeinfer-domain type rules)
 
-    has_custom = any(node.domain and (node.domain, node.op_type) in _TYPE_RULES for node in graph.nodes)
+    has_custom = any(node.domain and (node.domain, node.op_type) in TYPE_RULES for node in graph.nodes)
     for _ in range(max_rounds):
         changed = _run_onnx_inference(graph)
         if has_custom:

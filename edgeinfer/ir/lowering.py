@@ -107,40 +107,52 @@ def find_lowering(node: Node, graph: Graph) -> LoweringFn | None:
     return LOWERINGS.lookup(node.op_type, domain=node.domain, version=graph.opset.get(node.domain, 1))
 
 
+def _apply(fn: LoweringFn, node: Node, graph: Graph, taken: set[str]) -> Lowered:
+    ctx = LoweringContext(graph.opset.get("", _LATEST_OPSET), taken)
+    lowered = fn(node, ctx)
+    produced = {o for n in lowered.nodes for o in n.outputs if o}
+    missing = [o for o in node.outputs if o and o not in produced]
+    if missing:
+        raise BackendError(f"{node.label}: its lowering does not produce output(s) {missing}; expected "
+                           f"every output of the node, found {sorted(produced)}")
+    return lowered
+
+
 def lower_node(node: Node, graph: Graph, taken: set[str] | None = None) -> Lowered | None:
     """The standard-op equivalent of ``node`` (None if it has no lowering)."""
     fn = find_lowering(node, graph)
     if fn is None:
         return None
-    ctx = LoweringContext(graph.opset.get("", _LATEST_OPSET),
-                          taken if taken is not None else set(graph.values))
-    lowered = fn(node, ctx)
-    produced = {o for n in lowered.nodes for o in n.outputs if o}
-    missing = [o for o in node.outputs if o and o not in produced]
-    if missing:
-        raise BackendError(f"{node.label}: its lowering does not produce output(s) {missing}")
-    return lowered
+    return _apply(fn, node, graph, taken if taken is not None else set(graph.values))
 
 
-def lower_graph(graph: Graph, domains: Sequence[str] = (EDGEINFER_DOMAIN,)) -> Graph:
+def lower_graph(graph: Graph, domains: Sequence[str] = (EDGEINFER_DOMAIN,), *,
+                registry: OpRegistry[LoweringFn] | None = None) -> Graph:
     """``graph`` with every node of ``domains`` rewritten into standard ONNX ops (subgraphs
     included); the same graph object when nothing needed lowering. Raises
-    ``UnsupportedOpError`` for an op of those domains that has no lowering."""
+    ``UnsupportedOpError`` for an op of those domains that has no lowering.
+
+    With ``registry`` (an engine's own lowerings, any domain), a node that registry has a
+    lowering for is rewritten by it instead; pass ``domains=()`` to apply only those."""
     taken = set(graph.values) | {n.name for n in graph.nodes if n.name}
     nodes: list[Node] = []
     inits = graph.initializers
     changed = False
     for node in graph.nodes:
         if node.subgraphs():
-            attrs = {k: _lower_attr(v, domains) for k, v in node.attrs.items()}
+            attrs = {k: _lower_attr(v, domains, registry) for k, v in node.attrs.items()}
             if any(attrs[k] is not v for k, v in node.attrs.items()):
                 node, changed = node.with_(attrs=attrs), True
-        if node.domain not in domains:
+        version = graph.opset.get(node.domain, 1)
+        fn = registry.lookup(node.op_type, domain=node.domain, version=version) if registry else None
+        if fn is None and node.domain in domains:
+            fn = find_lowering(node, graph)
+            if fn is None:
+                raise UnsupportedOpError(f"{node.label}: no lowering to standard ONNX ops is registered")
+        if fn is None:
             nodes.append(node)
             continue
-        lowered = lower_node(node, graph, taken)
-        if lowered is None:
-            raise UnsupportedOpError(f"{node.label}: no lowering to standard ONNX ops is registered")
+        lowered = _apply(fn, node, graph, taken)
         nodes.extend(lowered.nodes)
         inits.update(lowered.initializers)
         changed = True
@@ -152,11 +164,11 @@ def lower_graph(graph: Graph, domains: Sequence[str] = (EDGEINFER_DOMAIN,)) -> G
                  opset=graph.opset, name=graph.name, metadata=graph.metadata)
 
 
-def _lower_attr(value: Any, domains: Sequence[str]) -> Any:
+def _lower_attr(value: Any, domains: Sequence[str], registry: OpRegistry[LoweringFn] | None) -> Any:
     if isinstance(value, Graph):
-        return lower_graph(value, domains)
+        return lower_graph(value, domains, registry=registry)
     if isinstance(value, tuple) and value and isinstance(value[0], Graph):
-        lowered = tuple(lower_graph(g, domains) for g in value)
+        lowered = tuple(lower_graph(g, domains, registry=registry) for g in value)
         return value if all(a is b for a, b in zip(lowered, value, strict=True)) else lowered
     return value
 
