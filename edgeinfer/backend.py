@@ -3,13 +3,19 @@
 A backend says which nodes it can run (``supports`` returns None or the reason it cannot),
 compiles a self-contained graph once (``compile``) and returns an ``Executable`` that runs
 it many times. ``Executable.thread_safe`` tells the scheduler whether one executable may be
-called from several threads at once (onnxruntime: yes; a TFLite interpreter: no).
-Backends live in ``edgeinfer.backends.<name>`` and are imported only when asked for.
+called from several threads at once (onnxruntime: yes; a TFLite interpreter: no, so the
+scheduler compiles one per worker thread).
+
+Backends live in ``edgeinfer.backends.<name>`` and are imported only when asked for. Each
+module has ``create_backend(*, device="cpu", fallback=False, **engine_options)``: ``device``
+is ``"cpu"``, ``"gpu"`` or ``"npu"``; a device the engine cannot reach here raises
+``BackendError``, or, with ``fallback=True``, logs a warning and uses the CPU.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +52,7 @@ class Executable(ABC):
 
 class Backend(ABC):
     name: str = "?"
+    device: str = "cpu"  # the device compiled graphs run on (after any fallback)
 
     @abstractmethod
     def supports(self, node: Node, graph: Graph) -> str | None:
@@ -65,23 +72,53 @@ class Backend(ABC):
         return reasons
 
 
+# In the order ``backend="auto"`` and the partitioner prefer them; numpy, the reference that
+# runs everything, comes last.
 _BACKEND_MODULES = {
-    "numpy": "edgeinfer.backends.numpy",
     "onnxruntime": "edgeinfer.backends.onnxruntime",
+    "openvino": "edgeinfer.backends.openvino",
+    "tflite": "edgeinfer.backends.tflite",
+    "numpy": "edgeinfer.backends.numpy",
 }
+DEVICES = ("cpu", "gpu", "npu")
+log = logging.getLogger("edgeinfer.backend")
 
 
 def available_backends() -> list[str]:
-    return sorted(_BACKEND_MODULES)
+    """Every backend name edgeinfer knows (installed or not)."""
+    return list(_BACKEND_MODULES)
 
 
-def get_backend(name: str, **engine_options: Any) -> Backend:
-    """Instantiate a backend by name (``numpy``, ``onnxruntime``, ...)."""
+def installed_backends() -> list[str]:
+    """The backends whose engine can be imported here, in order of preference."""
+    installed = []
+    for name in _BACKEND_MODULES:
+        try:
+            _backend_module(name)
+        except BackendError:
+            continue
+        installed.append(name)
+    return installed
+
+
+def _backend_module(name: str):
     module_name = _BACKEND_MODULES.get(name)
     if module_name is None:
         raise BackendError(f"unknown backend {name!r}: expected one of {', '.join(available_backends())}")
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(module_name)
     except ImportError as exc:
-        raise BackendError(f"backend {name!r} cannot be imported: {exc}") from exc
-    return module.create_backend(**engine_options)
+        raise BackendError(f"backend {name!r} cannot be imported ({exc}); install its engine, e.g. "
+                           f"pip install 'edgeinfer[{name}]'") from exc
+
+
+def check_device(device: str) -> str:
+    if device not in DEVICES:
+        raise BackendError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+    return device
+
+
+def get_backend(name: str, *, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> Backend:
+    """Instantiate a backend by name (``numpy``, ``onnxruntime``, ...) for ``device``."""
+    module = _backend_module(name)
+    return module.create_backend(device=check_device(device), fallback=fallback, **engine_options)

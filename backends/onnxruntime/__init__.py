@@ -2,8 +2,11 @@
 
 Engine options (``Session(model, backend="onnxruntime", providers=[...])``):
 
-- ``providers``: execution providers in order of precedence (default ``["CPUExecutionProvider"]``);
-  an entry may be a name or a ``(name, options)`` pair;
+- ``providers``: execution providers in order of precedence; an entry may be a name or a
+  ``(name, options)`` pair. Default: chosen by ``device`` (``DEVICE_PROVIDERS``): the CPU
+  provider for ``"cpu"``; for ``"gpu"`` / ``"npu"`` every provider of that kind this onnxruntime
+  build has (CUDA, TensorRT, ROCm, DirectML, CoreML, OpenVINO / QNN, NNAPI, CoreML, VitisAI),
+  then the CPU provider for the nodes they do not take;
 - ``provider_options``: one options dict per provider;
 - ``optimization_level``: ``"disable"``, ``"basic"``, ``"extended"`` or ``"all"`` (default);
 - ``session_config``: extra ``SessionOptions`` config entries (key -> value);
@@ -14,6 +17,7 @@ from typing import Any
 
 from edgeinfer.backends.onnxruntime.backend import (
     DEFAULT_PROVIDERS,
+    DEVICE_PROVIDERS,
     ENGINE_OPTIONS,
     OnnxRuntimeBackend,
     OnnxRuntimeExecutable,
@@ -21,12 +25,13 @@ from edgeinfer.backends.onnxruntime.backend import (
 from edgeinfer.backends.onnxruntime.lowerings import LOWERINGS, lower_graph, lowering
 
 
-def create_backend(**engine_options: Any) -> OnnxRuntimeBackend:
-    return OnnxRuntimeBackend(**engine_options)
+def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OnnxRuntimeBackend:
+    return OnnxRuntimeBackend(device=device, fallback=fallback, **engine_options)
 
 
 __all__ = [
     "DEFAULT_PROVIDERS",
+    "DEVICE_PROVIDERS",
     "ENGINE_OPTIONS",
     "LOWERINGS",
     "OnnxRuntimeBackend",

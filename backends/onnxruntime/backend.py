@@ -13,6 +13,7 @@ thread safe.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,17 @@ from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
 from .lowerings import find_lowering, lower_graph
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
+# Accelerator providers per device, in order of preference (names from onnxruntime's docs).
+DEVICE_PROVIDERS = {
+    "cpu": (),
+    "gpu": ("TensorrtExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider",
+            "MIGraphXExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider",
+            "OpenVINOExecutionProvider", "WebGpuExecutionProvider"),
+    "npu": ("QNNExecutionProvider", "NnapiExecutionProvider", "CoreMLExecutionProvider",
+            "VitisAIExecutionProvider", "OpenVINOExecutionProvider"),
+}
+# OpenVINO's provider serves several device kinds; it is told which by its device_type option.
+_OPENVINO_DEVICE_TYPE = {"gpu": "GPU", "npu": "NPU"}
 EXTERNAL_MIN_BYTES = 16 * 1024  # smaller initializers stay in the protobuf (shape tensors, biases)
 OPTIMIZATION_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -37,6 +49,7 @@ OPTIMIZATION_LEVELS = {
 }
 ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "session_config", "log_severity")
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
+log = logging.getLogger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
 _NODE_PATTERNS = (
     re.compile(r"Name:'(?P<name>[^']*)'"),  # run time: "... running Conv node. Name:'conv1' ..."
@@ -92,8 +105,15 @@ class OnnxRuntimeExecutable(Executable):
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, **engine_options: Any):
+    def __init__(self, *, device: str = "cpu", fallback: bool = False, **engine_options: Any):
         self.engine_options = _check_engine_options(engine_options)
+        available = _ort().get_available_providers()
+        if self.engine_options.get("providers"):
+            self.engine_options.update(_drop_missing(self.engine_options, available, fallback))
+        else:
+            self.engine_options["providers"] = device_providers(available, device, fallback)
+        first = self.engine_options["providers"][0]
+        self.device = "cpu" if _provider_name(first) == "CPUExecutionProvider" else device
         _providers(_ort(), self.engine_options)  # fail at creation on an unavailable provider
 
     def supports(self, node: Node, graph: Graph) -> str | None:
@@ -171,6 +191,50 @@ def _external_placeholder(name: str, array: np.ndarray) -> onnx.TensorProto:
     return tensor
 
 
+def device_providers(available: Sequence[str], device: str, fallback: bool = False) -> list[Any]:
+    """The providers list for ``device`` given the providers this onnxruntime build has: the
+    device's accelerators first, the CPU provider last (it runs the nodes they do not take)."""
+    if device == "cpu":
+        return list(DEFAULT_PROVIDERS)
+    wanted = DEVICE_PROVIDERS[device]
+    found = [name for name in wanted if name in available]
+    if not found:
+        message = (f"onnxruntime backend: no {device.upper()} execution provider in this onnxruntime build: "
+                   f"expected one of {list(wanted)}, found {list(available)}")
+        if not fallback:
+            raise BackendError(message + " (fallback=True runs on the CPU instead)")
+        log.warning("%s; falling back to CPUExecutionProvider", message)
+        return list(DEFAULT_PROVIDERS)
+    chosen: list[Any] = [(name, {"device_type": _OPENVINO_DEVICE_TYPE[device]})
+                         if name == "OpenVINOExecutionProvider" else name for name in found]
+    return [*chosen, *DEFAULT_PROVIDERS]
+
+
+def _provider_name(entry: Any) -> str:
+    return entry[0] if isinstance(entry, (tuple, list)) else entry
+
+
+def _drop_missing(engine: Mapping[str, Any], available: Sequence[str], fallback: bool) -> dict[str, Any]:
+    """With ``fallback``, requested providers this build lacks are dropped (with a warning) and
+    the CPU provider is kept last; without it they stay, and ``_providers`` refuses them."""
+    providers = list(engine["providers"])
+    missing = [_provider_name(p) for p in providers if _provider_name(p) not in available]
+    if not missing or not fallback:
+        return {}
+    log.warning("onnxruntime backend: provider(s) %s are not available in this build (available: %s); "
+                "falling back to the others", missing, list(available))
+    kept = [i for i, p in enumerate(providers) if _provider_name(p) in available]
+    options = engine.get("provider_options")
+    chosen = {"providers": [providers[i] for i in kept]}
+    if options is not None:
+        chosen["provider_options"] = [options[i] for i in kept]
+    if "CPUExecutionProvider" not in [_provider_name(p) for p in chosen["providers"]]:
+        chosen["providers"].append("CPUExecutionProvider")
+        if options is not None:
+            chosen["provider_options"].append({})
+    return chosen
+
+
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
     if unknown:
@@ -203,8 +267,11 @@ def _session_options(ort: Any, options: CompileOptions, engine: Mapping[str, Any
 def _providers(ort: Any, engine: Mapping[str, Any]) -> tuple[list[Any], list[dict] | None]:
     providers = list(engine.get("providers") or DEFAULT_PROVIDERS)
     provider_options = engine.get("provider_options")
+    if provider_options is not None and any(isinstance(p, (tuple, list)) for p in providers):
+        raise BackendError("onnxruntime backend: give provider options either in providers as "
+                           "(name, options) pairs or in provider_options, not both")
     available = ort.get_available_providers()
-    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
+    names = [_provider_name(p) for p in providers]
     missing = [n for n in names if n not in available]
     if missing:
         raise BackendError(f"onnxruntime backend: provider(s) {missing} are not available in this "
@@ -214,9 +281,6 @@ def _providers(ort: Any, engine: Mapping[str, Any]) -> tuple[list[Any], list[dic
         if len(provider_options) != len(providers):
             raise BackendError(f"onnxruntime backend: provider_options has {len(provider_options)} entries, "
                                f"expected one per provider ({len(providers)}: {names})")
-        if any(isinstance(p, (tuple, list)) for p in providers):
-            raise BackendError("onnxruntime backend: give provider options either in providers as "
-                               "(name, options) pairs or in provider_options, not both")
     return providers, provider_options
 
 
