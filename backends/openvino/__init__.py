@@ -1,0 +1,54 @@
+"""The OpenVINO backend: a graph lowered to ONNX, read by OpenVINO's ONNX frontend, compiled
+with ``Core.compile_model`` for the CPU, an (Intel) GPU or an NPU.
+
+Importing this package imports ``openvino``; without it the ``ImportError`` makes
+``edgeinfer.backend.installed_backends()`` skip the backend.
+
+``device=`` maps ``"cpu"`` / ``"gpu"`` / ``"npu"`` to OpenVINO's ``CPU`` / ``GPU`` / ``NPU``.
+A device ``Core().available_devices`` does not list is a ``BackendError``, or with
+``fallback=True`` a logged warning and the CPU.
+
+Engine options (``Session(model, backend="openvino", performance_hint="THROUGHPUT")``):
+
+- ``performance_hint``: ``"LATENCY"`` (default: one stream, every thread on one request),
+  ``"THROUGHPUT"`` or ``"CUMULATIVE_THROUGHPUT"`` (several streams, for many concurrent
+  requests: the executable keeps one infer request per calling thread);
+- ``precision``: ``INFERENCE_PRECISION_HINT``, ``"f32"`` (default on CPU and GPU, so results
+  match the other backends within fp32 tolerances even on CPUs with bf16/AMX units, where
+  OpenVINO would otherwise compute in bf16), ``"bf16"`` or ``"f16"``;
+- ``device_name``: an exact OpenVINO device string instead of the one ``device=`` maps to,
+  e.g. ``"GPU.1"``, ``"AUTO:GPU,CPU"`` or ``"HETERO:NPU,CPU"``;
+- ``config``: further ``compile_model`` properties, passed to OpenVINO as they are
+  (``{"NUM_STREAMS": 2, "ENABLE_CPU_PINNING": False}``).
+
+``CompileOptions.threads`` becomes ``INFERENCE_NUM_THREADS``; ``CompileOptions.debug`` turns
+on OpenVINO's per-node profiling (``Executable.stats()["profile"]``).
+"""
+
+from typing import Any
+
+import openvino  # noqa: F401  (the ImportError that marks this backend as not installed)
+
+from edgeinfer.backends.openvino.backend import (
+    DEVICE_NAMES,
+    ENGINE_OPTIONS,
+    PERFORMANCE_HINTS,
+    PRECISIONS,
+    OpenVinoBackend,
+    OpenVinoExecutable,
+)
+
+
+def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OpenVinoBackend:
+    return OpenVinoBackend(device=device, fallback=fallback, **engine_options)
+
+
+__all__ = [
+    "DEVICE_NAMES",
+    "ENGINE_OPTIONS",
+    "PERFORMANCE_HINTS",
+    "PRECISIONS",
+    "OpenVinoBackend",
+    "OpenVinoExecutable",
+    "create_backend",
+]

@@ -1,0 +1,268 @@
+"""The OpenVINO backend: lower, export to ONNX in memory, ``compile_model`` once.
+
+``compile`` rewrites ``edgeinfer``-domain ops into standard ONNX ops (``lower_graph``),
+exports the graph (``convert.export``: weights handed over by address, not serialized), reads
+it with OpenVINO's ONNX frontend and compiles it for the device. Symbolic dims (``"N"``) stay
+dynamic dims in OpenVINO.
+
+Thread safety: an ``InferRequest`` must not be shared by threads, so the executable keeps one
+per calling thread (``threading.local``) and is thread safe. Concurrent requests run in
+parallel when the compiled model has several streams (``performance_hint="THROUGHPUT"``);
+with the default ``LATENCY`` hint the CPU plugin has one stream and runs them one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph, Node
+from edgeinfer.ir.graph import EDGEINFER_DOMAIN
+from edgeinfer.ir.lowering import find_lowering, lower_graph
+
+from .convert import backend_error, export, memory_external_data_supported, read_onnx
+from .support import node_reason
+
+DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+PRECISIONS = ("f32", "bf16", "f16")
+ENGINE_OPTIONS = ("performance_hint", "precision", "device_name", "config")
+_COMPOSITE_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
+_STANDARD_DOMAINS = ("", "ai.onnx.ml")
+log = logging.getLogger("edgeinfer.backends.openvino")
+_core: Any = None
+_core_lock = threading.Lock()
+
+
+def core() -> Any:
+    """The process's ``openvino.Core`` (creating one loads plugins: do it once)."""
+    global _core
+    with _core_lock:
+        if _core is None:
+            import openvino
+
+            _core = openvino.Core()
+        return _core
+
+
+class OpenVinoExecutable(Executable):
+    thread_safe = True  # one InferRequest per calling thread
+
+    def __init__(self, graph: Graph, compiled: Any, device_name: str, names: Mapping[str, Node]):
+        super().__init__(graph)
+        self._names = dict(names)  # OpenVINO's names (node and output names) -> IR node
+        self.compiled = compiled
+        self.device_name = device_name
+        self._ports = list(compiled.outputs)
+        self._inputs = {name for port in compiled.inputs for name in port.get_names()}
+        self._local = threading.local()
+
+    def _request(self) -> Any:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self.compiled.create_infer_request()
+        return request
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # An input no node reads has no Parameter in the compiled model: nothing to feed.
+        used = {name: array for name, array in feeds.items() if name in self._inputs}
+        try:
+            results = self._request().infer(used, share_inputs=True, share_outputs=False)
+        except Exception as exc:  # OpenVINO raises RuntimeError and its own pybind types
+            shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
+            raise backend_error("failed to run", self.graph, exc, self._names,
+                                f" with inputs {shapes}") from exc
+        return {name: results[port] for name, port in zip(self.output_names, self._ports, strict=True)}
+
+    def property(self, name: str) -> Any:
+        """A property of the compiled model (``INFERENCE_NUM_THREADS``, ``NUM_STREAMS`` ...)."""
+        return self.compiled.get_property(name)
+
+    def stats(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"device": self.device_name, "in_memory_weights": memory_external_data_supported()}
+        for key, name in (("execution_devices", "EXECUTION_DEVICES"), ("inference_num_threads", "INFERENCE_NUM_THREADS"),
+                          ("performance_hint", "PERFORMANCE_HINT"), ("inference_precision", "INFERENCE_PRECISION_HINT"),
+                          ("num_streams", "NUM_STREAMS"),
+                          ("optimal_number_of_infer_requests", "OPTIMAL_NUMBER_OF_INFER_REQUESTS")):
+            try:
+                value = self.compiled.get_property(name)
+            except Exception:  # a property this device does not report
+                continue
+            facts[key] = _plain(value)
+        request = getattr(self._local, "request", None)
+        if request is not None and _profiling(self.compiled):
+            facts["profile"] = _profile(request)
+        return facts
+
+
+class OpenVinoBackend(Backend):
+    name = "openvino"
+
+    def __init__(self, *, device: str = "cpu", fallback: bool = False, **engine_options: Any):
+        if device not in DEVICE_NAMES:
+            raise BackendError(f"openvino backend: device {device!r}: expected one of {list(DEVICE_NAMES)}")
+        self.engine_options = _check_engine_options(engine_options)
+        self.fallback = fallback
+        requested = self.engine_options.get("device_name") or DEVICE_NAMES[device]
+        self.device_name = resolve_device(requested, core().available_devices, fallback)
+        self.device = device if self.device_name == requested else "cpu"
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        reason = _static_reason(node, graph)
+        if reason is not None or node.domain == EDGEINFER_DOMAIN:  # lowered ops are standard ONNX
+            return reason
+        return node_reason(node, graph, self.device_name, core().query_model)
+
+    def compile(self, graph: Graph, options: CompileOptions | None = None) -> OpenVinoExecutable:
+        options = options or CompileOptions()
+        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
+        device_name = self.device_name
+        if options.engine_options.get("device_name"):
+            device_name = resolve_device(engine["device_name"], core().available_devices, self.fallback)
+        threads = _check_threads(options.threads)
+        refused = [(n.label, r) for n in graph.nodes if (r := _static_reason(n, graph)) is not None]
+        if refused:
+            listed = "; ".join(f"{label}: {reason}" for label, reason in refused[:5])
+            raise BackendError(f"openvino cannot run {len(refused)} node(s) of graph {graph.name!r}: {listed}")
+        lowered = lower_graph(graph)
+        model_bytes, names, buffers = export(lowered)
+        try:
+            model = read_onnx(model_bytes)
+        except Exception as exc:
+            raise backend_error("could not convert", lowered, exc, names) from exc
+        finally:
+            del buffers  # the frontend has copied what they held
+        config = compile_config(device_name, engine, threads, options.debug)
+        try:
+            compiled = core().compile_model(model, device_name, config)
+        except Exception as exc:
+            raise backend_error(f"could not compile for {device_name}", lowered, exc, names) from exc
+        if len(compiled.outputs) != len(lowered.outputs):
+            raise BackendError(f"openvino compiled graph {graph.name!r} with {len(compiled.outputs)} outputs, "
+                               f"expected {len(lowered.outputs)} ({lowered.output_names})")
+        return OpenVinoExecutable(lowered, compiled, device_name, names)
+
+
+def resolve_device(requested: str, available: list[str], fallback: bool) -> str:
+    """``requested`` if this machine has it (``"GPU"`` matches ``"GPU.0"``; ``"AUTO:GPU,CPU"``
+    needs each listed device), else ``"CPU"`` with ``fallback``, else a BackendError."""
+    kind, _, listed = requested.partition(":")
+    wanted = [d for d in listed.split(",") if d] if kind in _COMPOSITE_DEVICES else [requested]
+    missing = [d for d in wanted if not any(a == d or a.startswith(d + ".") for a in available)]
+    if not missing:
+        return requested
+    message = (f"openvino backend: no {', '.join(missing)} device on this machine: expected one of "
+               f"{list(available)}")
+    if not fallback:
+        raise BackendError(message + " (fallback=True runs on the CPU instead)")
+    log.warning("%s; falling back to CPU", message)
+    return "CPU"
+
+
+def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | None, debug: bool) -> dict[str, Any]:
+    """``compile_model`` properties: performance hint, threads and precision where the device
+    takes them, profiling in debug mode, then the user's ``config`` on top."""
+    supported = _supported_properties(device_name)
+    config: dict[str, Any] = {"PERFORMANCE_HINT": engine.get("performance_hint", "LATENCY").upper()}
+    if threads is not None:
+        if "INFERENCE_NUM_THREADS" in supported:
+            config["INFERENCE_NUM_THREADS"] = threads
+        else:
+            log.debug("openvino: %s takes no thread count; threads=%d ignored", device_name, threads)
+    precision = engine.get("precision")
+    if precision is None and device_name.split(".")[0] in ("CPU", "GPU"):
+        precision = "f32"
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    if debug:
+        config["PERF_COUNT"] = True
+    config.update(dict(engine.get("config") or {}))
+    return config
+
+
+def _supported_properties(device_name: str) -> set[str]:
+    try:
+        return set(core().get_property(device_name.split(":")[0], "SUPPORTED_PROPERTIES"))
+    except Exception:  # a composite device that does not list them
+        return set()
+
+
+def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise BackendError(f"openvino backend: unknown engine option(s) {unknown}; expected some of "
+                           f"{list(ENGINE_OPTIONS)}")
+    hint = engine_options.get("performance_hint")
+    if hint is not None and (not isinstance(hint, str) or hint.upper() not in PERFORMANCE_HINTS):
+        raise BackendError(f"openvino backend: performance_hint {hint!r}: expected one of {list(PERFORMANCE_HINTS)}")
+    precision = engine_options.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise BackendError(f"openvino backend: precision {precision!r}: expected one of {list(PRECISIONS)}")
+    device_name = engine_options.get("device_name")
+    if device_name is not None and (not isinstance(device_name, str) or not device_name):
+        raise BackendError(f"openvino backend: device_name {device_name!r}: expected an OpenVINO device "
+                           "string such as 'CPU', 'GPU.1' or 'AUTO:GPU,CPU'")
+    config = engine_options.get("config")
+    if config is not None and not isinstance(config, Mapping):
+        raise BackendError(f"openvino backend: config: expected a mapping of property -> value, "
+                           f"got {type(config).__name__}")
+    return dict(engine_options)
+
+
+def _check_threads(threads: Any) -> int | None:
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise BackendError(f"openvino backend: threads must be a positive integer, got {threads!r}")
+    return threads
+
+
+def _schema_reason(node: Node, graph: Graph) -> str | None:
+    """The cheap check first: an op outside ONNX, or not defined at the graph's opset."""
+    if node.domain not in _STANDARD_DOMAINS:
+        return None  # OpenVINO's frontend also knows some vendor domains: the probe decides
+    version = graph.opset.get(node.domain, onnx.defs.onnx_opset_version())
+    try:
+        onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
+    except onnx.defs.SchemaError:
+        return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
+    return None
+
+
+def _static_reason(node: Node, graph: Graph) -> str | None:
+    if node.domain == EDGEINFER_DOMAIN:
+        return None if find_lowering(node, graph) is not None else (
+            f"op {node.domain}::{node.op_type} has no lowering to standard ONNX ops for OpenVINO")
+    return _schema_reason(node, graph)
+
+
+def _plain(value: Any) -> Any:
+    """An OpenVINO property value as a plain python value (``f32``, ``LATENCY``, 2, [...])."""
+    if isinstance(value, (bool, int, float, list)):
+        return value
+    if hasattr(value, "to_string"):  # openvino.Type
+        return value.to_string()
+    return str(value).rsplit(".", 1)[-1]  # enums print as PerformanceMode.LATENCY
+
+
+def _profiling(compiled: Any) -> bool:
+    try:
+        value = compiled.get_property("PERF_COUNT")
+    except Exception:
+        return False
+    return value is True or str(value).upper() in ("YES", "TRUE")
+
+
+def _profile(request: Any, top: int = 20) -> list[dict[str, Any]]:
+    """The slowest executed nodes of the calling thread's last run (``debug=True``)."""
+    rows = [{"node": info.node_name, "type": info.node_type, "exec_type": info.exec_type,
+             "ms": info.real_time.total_seconds() * 1e3}
+            for info in request.profiling_info if str(info.status).endswith("EXECUTED")]
+    return sorted(rows, key=lambda row: row["ms"], reverse=True)[:top]
