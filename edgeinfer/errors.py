@@ -32,6 +32,14 @@ class BackendError(EdgeInferError):
     """A backend could not compile or run a graph."""
 
 
+class SchedulerError(EdgeInferError):
+    """A request could not be served: the session is closed, a stream was cancelled, ..."""
+
+
+class RequestTimeoutError(SchedulerError, TimeoutError):
+    """A request did not finish within its timeout."""
+
+
 class PassError(EdgeInferError):
     """An optimization pass failed; the message names it and the passes run before it."""
 
@@ -48,5 +56,7 @@ __all__ = [
     "InputError",
     "BackendError",
     "PassError",
+    "SchedulerError",
+    "RequestTimeoutError",
     "ConversionError",
 ]

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from edgeinfer.ir import Graph
 
 
@@ -34,6 +36,28 @@ class Model:
     @property
     def outputs(self) -> list[TensorInfo]:
         return [TensorInfo(v.name, v.dtype, v.shape) for v in self.graph.outputs]
+
+    def random_feeds(self, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+        """Random feeds of the declared shapes (symbolic dims bound to ``batch``): standard
+        normal floats, 0/1 booleans, integers in [0, 10). For timing and planning."""
+        from edgeinfer.errors import InputError
+        from edgeinfer.ir import dtypes
+
+        rng = np.random.default_rng(seed)
+        feeds: dict[str, np.ndarray] = {}
+        for info in self.inputs:
+            if info.shape is None or any(d is None for d in info.shape) or not dtypes.is_tensor_type(info.dtype):
+                raise InputError(f"input {info.name!r} has unknown dims or a non-tensor type "
+                                 f"({info.dtype} {info.shape}): give real feeds")
+            shape = tuple(batch if isinstance(d, str) else d for d in info.shape)
+            dtype = dtypes.numpy_dtype(info.dtype)
+            if dtype.kind in "fc":
+                feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+            elif dtype.kind == "b":
+                feeds[info.name] = rng.integers(0, 2, shape).astype(dtype)
+            else:
+                feeds[info.name] = rng.integers(0, 10, shape).astype(dtype)
+        return feeds
 
     def save(self, path: str | os.PathLike) -> None:
         """Write this model as one ``.eim`` file (atomically)."""

@@ -9,34 +9,85 @@ what was given.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import CompileOptions, Executable, get_backend
-from edgeinfer.errors import InputError
+from edgeinfer.backend import Executable, check_device
+from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.ir import dtypes
 from edgeinfer.model import Model, TensorInfo
+from edgeinfer.scheduler.executors import DagExecutor
 
 
 class Session:
-    def __init__(self, model: Model | str | os.PathLike, backend: str = "numpy",
-                 threads: int | None = None, *, debug: bool | None = None, **engine_options: Any):
+    """A model compiled for this device, ready to serve requests.
+
+    ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``), a list in
+    priority order (each node goes to the first that can run it; numpy runs the rest), or
+    ``"auto"`` (time the candidate placements here and keep the fastest; the choice is cached).
+    ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
+    ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
+    ``executor``: ``"sequential"`` or ``"dag"`` (independent branches at once).
+    Engine options go to a single backend as keywords, or as ``backend_options={name: {...}}``.
+
+    ``run`` may be called from many threads at once; ``run_async`` returns a future;
+    ``stream`` pipelines an iterable of requests over stages. ``close()`` (or ``with``) stops
+    every worker thread.
+    """
+
+    def __init__(self, model: Model | str | os.PathLike, backend: str | Sequence[str] = "numpy",
+                 threads: int | None = None, *, device: str = "cpu", fallback: bool = False,
+                 executor: str = "sequential", debug: bool | None = None,
+                 backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+                 cache: str | os.PathLike | bool | None = None, **engine_options: Any):
+        from edgeinfer import scheduler
+
         if not isinstance(model, Model):
             from edgeinfer.api import load_any
 
             model = load_any(model)
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise BackendError(f"threads must be a positive integer, got {threads!r}")
         self.model = model
-        self.backend_name = backend
-        if debug is None:
-            debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0")
-        self.options = CompileOptions(threads=threads, debug=debug)
-        self.backend = get_backend(backend, **engine_options)
-        self.executable: Executable = self.backend.compile(model.graph, self.options)
+        self.threads = threads
+        self.device = check_device(device)
+        self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if debug is None else debug
+        options = dict(backend_options or {})
+        if engine_options:
+            if not isinstance(backend, str) or backend == "auto":
+                raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
+                                   f"{backend!r} give backend_options={{name: {{...}}}}")
+            options[backend] = {**options.get(backend, {}), **engine_options}
+        self._backend_options = options
+        self._fallback = fallback
+        if backend == "auto":
+            from edgeinfer.scheduler.auto import choose_backends
+
+            self.auto_choice = choose_backends(model, threads=threads, device=device, fallback=fallback,
+                                               options=options, cache=cache)
+            names = self.auto_choice.backends
+        else:
+            self.auto_choice = None
+            names = scheduler.backend_priority(backend)
+        self.backend_name = backend if isinstance(backend, str) else ",".join(names)
+        self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
+        self.plan = scheduler.make_plan(model.graph, self.backends, branches=executor == "dag")
+        self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=executor,
+                                                debug=self.debug)
+        self.executor = executor
         self._inputs = model.inputs
         self._expected = {t.name: t for t in self._inputs}
         self._np_dtypes = {t.name: _feed_dtype(t.dtype) for t in self._inputs}
+        self._async_pool: ThreadPoolExecutor | None = None
+        self._streams: weakref.WeakSet = weakref.WeakSet()
+        self.stage_plans: dict[Any, Any] = {}  # stream plans by (stages, replicas, input shapes)
+        self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def inputs(self) -> list[TensorInfo]:
@@ -46,19 +97,108 @@ class Session:
     def outputs(self) -> list[TensorInfo]:
         return self.model.outputs
 
+    @property
+    def executable(self) -> Executable | None:
+        """The backend executable when the whole model is one part, else None (see ``plan``)."""
+        parts = self._runner.parts
+        return parts[0].executable() if len(parts) == 1 else None
+
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run once. ``feeds`` maps input name -> array; returns output name -> array."""
+        self._check_open()
+        results = self._runner.run(self._check_feeds(feeds))
+        return self._select(results, outputs)
+
+    def run_async(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> Future:
+        """Start a run and return a ``concurrent.futures.Future`` of its outputs. Feeds are checked
+        now (a bad feed raises here, not in the future)."""
+        self._check_open()
         checked = self._check_feeds(feeds)
-        results = self.executable.run(checked)
+        if isinstance(self._runner, DagExecutor):
+            future = self._runner.submit(checked)
+            if outputs is None:
+                return future
+            return _chain(future, lambda results: self._select(results, outputs))
+        with self._lock:
+            if self._async_pool is None:
+                workers = max(1, (os.cpu_count() or 1) // (self.threads or os.cpu_count() or 1))
+                self._async_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-async")
+        return self._async_pool.submit(lambda: self._select(self._runner.run(checked), outputs))
+
+    def stream(self, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None = "auto",
+               replicas: int | Sequence[int] | str | None = "auto", max_in_flight: int | None = None,
+               timeout: float | None = None, outputs: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Serve an iterable of feeds through a pipeline of stages; yields outputs in input order.
+
+        ``stages``: the number of pipeline stages, or ``"auto"`` (the planner picks stages and
+        replicas that maximise measured throughput on this machine's ``threads``). ``replicas``:
+        workers per stage (an int for all, a list, or ``"auto"``: spare threads go to the bottleneck).
+        Memory stays bounded whatever the stream's length (``max_in_flight`` requests at most).
+        ``timeout``: seconds a request may take once started (``RequestTimeoutError``).
+        Closing the returned generator (or breaking out of the loop) cancels the rest.
+        """
+        from edgeinfer.scheduler import pipeline
+
+        self._check_open()
+        pipeline.check_choice(stages, replicas)
+        return pipeline.stream(self, requests, stages=stages, replicas=replicas, max_in_flight=max_in_flight,
+                               timeout=timeout, check=self._check_feeds,
+                               select=lambda results: self._select(results, outputs), register=self._register)
+
+    def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = "auto",
+                      replicas: int | Sequence[int] | str | None = "auto"):
+        """The stage plan ``stream`` would use for requests like ``feeds`` (default: random feeds
+        of the declared shapes at batch 1): stages, replicas, measured stage times."""
+        from edgeinfer.scheduler.pipeline import plan_stages
+
+        self._check_open()
+        checked = self._check_feeds(feeds) if feeds is not None else None
+        return plan_stages(self, checked, stages=stages, replicas=replicas)
+
+    def _register(self, pipeline: Any) -> None:
+        with self._lock:
+            if self._closed:
+                pipeline.close()
+                raise SchedulerError("session is closed: expected an open Session, create a new one")
+            self._streams.add(pipeline)
+
+    def stats(self) -> dict[str, Any]:
+        parts = self._runner.parts
+        if len(parts) == 1:
+            return parts[0].executable().stats()
+        return {"parts": [{"backend": p.part.backend, "nodes": len(p.part.nodes), **p.executable().stats()}
+                          for p in parts]}
+
+    def close(self) -> None:
+        """Stop every worker thread of this session; idempotent. Later calls raise SchedulerError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._async_pool = self._async_pool, None
+        for pipeline in list(self._streams):
+            pipeline.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._runner.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SchedulerError("session is closed: expected an open Session, create a new one")
+
+    def _select(self, results: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
         if outputs is None:
             return results
         unknown = [o for o in outputs if o not in results]
         if unknown:
             raise InputError(f"unknown output(s) {unknown}: expected some of {list(results)}")
         return {name: results[name] for name in outputs}
-
-    def stats(self) -> dict[str, Any]:
-        return self.executable.stats()
 
     def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(feeds, Mapping):
@@ -85,6 +225,22 @@ class Session:
                 _check_shape(name, info.shape, array.shape, bound)
             checked[name] = array
         return checked
+
+
+def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
+    """A future of ``then(result)`` of ``future``."""
+    from edgeinfer.scheduler.executors import settle
+
+    chained: Future = Future()
+
+    def done(source: Future) -> None:
+        try:
+            settle(chained, result=then(source.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            settle(chained, error=exc)
+
+    future.add_done_callback(done)
+    return chained
 
 
 def _check_container(name: str, dtype: str, value: Any) -> Any:

@@ -1,0 +1,144 @@
+"""The scheduler: place subgraphs on backends, then run them sequentially, as a DAG over a
+thread pool, or as a pipeline of stages over a stream of requests.
+
+    plan = make_plan(graph, backends)            # capability partition (see partition.py)
+    print(plan.describe())                      # which subgraph runs where, and why
+    runner = build_executor(plan, backends, threads=2, executor="dag")
+    outputs = runner.run(feeds)
+
+``Session`` (edgeinfer/session.py) is the public face of all of this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgeinfer.backend import Backend, CompileOptions, get_backend, installed_backends
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph
+from edgeinfer.scheduler.executors import CompiledPart, DagExecutor, PlanRunner, SequentialExecutor
+from edgeinfer.scheduler.partition import Assignment, Part, assign, describe, group, split_branches
+
+EXECUTORS = ("sequential", "dag")
+REFERENCE = "numpy"  # runs every ONNX op: the last resort of every placement
+
+
+@dataclass
+class Plan:
+    """Where every node of ``graph`` runs: parts in a topological order."""
+
+    graph: Graph
+    assignment: Assignment
+    parts: list[Part]
+
+    def describe(self) -> str:
+        return describe(self.parts, self.assignment, self.graph)
+
+    @property
+    def backend_names(self) -> list[str]:
+        return list(dict.fromkeys(part.backend for part in self.parts))
+
+    def node_counts(self) -> dict[str, int]:
+        return dict(Counter(self.assignment.backends))
+
+
+def backend_priority(backend: str | Sequence[str]) -> list[str]:
+    """A backend name or a list in priority order -> the list, with the numpy reference last."""
+    names = [backend] if isinstance(backend, str) else list(backend)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise BackendError(f"backend: expected a name or a list of names, got {backend!r}")
+    if "auto" in names:
+        raise BackendError("backend 'auto' cannot be part of a list: give 'auto' alone or a list of "
+                           f"backends among {installed_backends()}")
+    duplicates = sorted(n for n, c in Counter(names).items() if c > 1)
+    if duplicates:
+        raise BackendError(f"backend list {names} names {duplicates} more than once")
+    return names if REFERENCE in names else [*names, REFERENCE]
+
+
+def make_backends(names: Sequence[str], *, device: str = "cpu", fallback: bool = False,
+                  options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Backend]:
+    """Instantiate backends by name. ``options`` maps a backend name to its engine options. The
+    numpy reference runs on the CPU whatever the device (it is the fallback of last resort)."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise BackendError(f"engine options given for backend(s) {unknown} that are not used: {list(names)}")
+    backends = []
+    for name in names:
+        on = "cpu" if name == REFERENCE and len(names) > 1 else device
+        backends.append(get_backend(name, device=on, fallback=fallback, **dict(options.get(name, {}))))
+    return backends
+
+
+def make_plan(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
+              branches: bool = False) -> Plan:
+    """Partition ``graph`` over ``backends`` (priority order). ``branches`` also cuts at forks
+    and joins, so the DAG executor can run independent branches at once."""
+    assignment = assign(graph, backends, pinned=pinned)
+    parts = group(graph, assignment)
+    if branches:
+        parts = split_branches(graph, parts)
+    return Plan(graph, assignment, parts)
+
+
+def _concurrency(parts: Sequence[Part]) -> list[int]:
+    """For each part, how many other parts may run at the same time as it (neither its
+    ancestor nor its descendant)."""
+    producer = {name: index for index, part in enumerate(parts) for name in part.outputs}
+    ancestors: list[set[int]] = []
+    for part in parts:
+        mine: set[int] = set()
+        for name in part.inputs:
+            if name in producer:
+                mine.add(producer[name])
+                mine |= ancestors[producer[name]]
+        ancestors.append(mine)
+    count = []
+    for i in range(len(parts)):
+        related = sum(1 for j in range(len(parts)) if j != i and (j in ancestors[i] or i in ancestors[j]))
+        count.append(len(parts) - 1 - related)
+    return count
+
+
+def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | None, debug: bool = False,
+                  parallel: bool = False) -> list[CompiledPart]:
+    """Compile every part on its backend. With ``parallel`` (the DAG executor), a part that may
+    run beside others gets a share of ``threads``; a part that runs alone gets them all."""
+    by_name = {b.name: b for b in backends}
+    shares = _concurrency(plan.parts) if parallel and threads else [0] * len(plan.parts)
+    compiled = []
+    for part, others in zip(plan.parts, shares):
+        part_threads = threads if not others else max(1, threads // min(others + 1, threads))
+        compiled.append(CompiledPart(part, by_name[part.backend], CompileOptions(threads=part_threads, debug=debug)))
+    return compiled
+
+
+def build_executor(plan: Plan, backends: Sequence[Backend], *, threads: int | None, executor: str = "sequential",
+                   debug: bool = False) -> PlanRunner:
+    if executor not in EXECUTORS:
+        raise BackendError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)} "
+                           "(streams use Session.stream)")
+    parallel = executor == "dag"
+    if parallel and threads is None:
+        threads = os.cpu_count() or 1
+    parts = compile_parts(plan, backends, threads=threads, debug=debug, parallel=parallel)
+    if not parallel:
+        return SequentialExecutor(plan.graph, parts)
+    workers = max(1, min(threads, max(_concurrency(plan.parts), default=0) + 1))
+    return DagExecutor(plan.graph, parts, workers)
+
+
+__all__ = [
+    "EXECUTORS",
+    "Plan",
+    "backend_priority",
+    "build_executor",
+    "compile_parts",
+    "make_backends",
+    "make_plan",
+]

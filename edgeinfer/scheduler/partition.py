@@ -1,0 +1,239 @@
+"""Capability-based partitioning: which backend runs each node, and the subgraphs that follow.
+
+1. ``assign``: every node goes to the first backend, in priority order, whose ``supports``
+   accepts it; the numpy reference (which runs everything ONNX defines) is always the last
+   resort. The reasons the earlier backends gave are kept, so a plan can say why a node fell
+   back.
+2. ``group``: nodes on the same backend are merged into maximal connected subgraphs without
+   creating a cycle between subgraphs. Each node gets a level, the smallest that is at least
+   its same-backend producers' level and above its other producers' level; every edge between
+   two groups then goes from a lower level to a higher one (or stays inside one backend's
+   level), so the groups (backend, level) form a DAG. Each group is split into its connected
+   components, and then any two groups of one backend joined by an edge are contracted when
+   no other path links them (the contraction keeps the DAG acyclic).
+3. ``split_branches`` (for the DAG-parallel executor): each subgraph is cut further at forks
+   and joins into chains, so independent branches become separate parts that can run at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from edgeinfer.backend import Backend
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph
+
+
+@dataclass
+class Assignment:
+    """node index (in graph order) -> backend name, and why earlier backends declined."""
+
+    backends: list[str]
+    declined: dict[int, dict[str, str]] = field(default_factory=dict)  # index -> {backend: reason}
+
+
+@dataclass
+class Part:
+    """A self-contained subgraph placed on one backend."""
+
+    backend: str
+    nodes: list[int]  # indices into the partitioned graph's nodes, in graph order
+    graph: Graph
+
+    @property
+    def inputs(self) -> list[str]:
+        return self.graph.input_names
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.graph.output_names
+
+
+def assign(graph: Graph, backends: Sequence[Backend], *,
+           pinned: Mapping[int, str] | None = None) -> Assignment:
+    """Place every node on the first backend of ``backends`` that supports it.
+
+    ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
+    a pinned backend that cannot run its node is a ``BackendError``.
+    """
+    by_name = {b.name: b for b in backends}
+    placed: list[str] = []
+    declined: dict[int, dict[str, str]] = {}
+    for index, node in enumerate(graph.nodes):
+        if pinned and index in pinned:
+            name = pinned[index]
+            if name not in by_name:
+                raise BackendError(f"{node.label} pinned to backend {name!r}, which is not among "
+                                   f"{list(by_name)}")
+            reason = by_name[name].supports(node, graph)
+            if reason is not None:
+                raise BackendError(f"{node.label} pinned to backend {name!r}, which cannot run it: {reason}")
+            placed.append(name)
+            continue
+        reasons: dict[str, str] = {}
+        for backend in backends:
+            reason = backend.supports(node, graph)
+            if reason is None:
+                placed.append(backend.name)
+                break
+            reasons[backend.name] = reason
+        else:
+            listed = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+            raise BackendError(f"no backend can run {node.label}: {listed}")
+        if reasons:
+            declined[index] = reasons
+    return Assignment(placed, declined)
+
+
+def _edges(graph: Graph) -> tuple[list[set[int]], list[set[int]]]:
+    """Producer -> consumer edges between node indices (outer-scope reads of subgraphs too)."""
+    producer = {o: i for i, node in enumerate(graph.nodes) for o in node.outputs if o}
+    preds: list[set[int]] = [set() for _ in graph.nodes]
+    succs: list[set[int]] = [set() for _ in graph.nodes]
+    for index, node in enumerate(graph.nodes):
+        reads = [i for i in node.inputs if i]
+        for sub in node.subgraphs():
+            reads.extend(sub.outer_names())
+        for name in reads:
+            source = producer.get(name)
+            if source is not None and source != index:
+                preds[index].add(source)
+                succs[source].add(index)
+    return preds, succs
+
+
+def group(graph: Graph, assignment: Assignment) -> list[Part]:
+    """Maximal connected, cycle-free subgraphs of same-backend nodes, in a topological order."""
+    placed = assignment.backends
+    preds, succs = _edges(graph)
+    level = [0] * len(graph.nodes)
+    for index in range(len(graph.nodes)):  # graph.nodes is topologically sorted
+        level[index] = max((level[p] + (placed[p] != placed[index]) for p in preds[index]), default=0)
+    # connected components of each (backend, level) class
+    owner = list(range(len(graph.nodes)))
+
+    def find(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    for index in range(len(graph.nodes)):
+        for p in preds[index]:
+            if placed[p] == placed[index] and level[p] == level[index]:
+                owner[find(p)] = find(index)
+    groups = _contract(placed, preds, succs, [find(i) for i in range(len(graph.nodes))])
+    return _parts(graph, placed, groups)
+
+
+def _contract(placed: list[str], preds: list[set[int]], succs: list[set[int]], members: list[int]) -> list[int]:
+    """Merge groups of one backend joined by an edge when no other path links them."""
+    changed = True
+    while changed:
+        changed = False
+        group_succs: dict[int, set[int]] = {}
+        for index, targets in enumerate(succs):
+            for target in targets:
+                a, b = members[index], members[target]
+                if a != b:
+                    group_succs.setdefault(a, set()).add(b)
+        for a, targets in group_succs.items():
+            for b in sorted(targets):
+                backend_a = placed[members.index(a)]
+                backend_b = placed[members.index(b)]
+                if backend_a != backend_b or _other_path(group_succs, a, b):
+                    continue
+                members = [a if m == b else m for m in members]
+                changed = True
+                break
+            if changed:
+                break
+    return members
+
+
+def _other_path(group_succs: dict[int, set[int]], a: int, b: int) -> bool:
+    """Whether ``b`` is reachable from ``a`` other than by the direct edge a -> b."""
+    stack = [s for s in group_succs.get(a, ()) if s != b]
+    seen = set(stack)
+    while stack:
+        current = stack.pop()
+        if current == b:
+            return True
+        for nxt in group_succs.get(current, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return False
+
+
+def _parts(graph: Graph, placed: list[str], members: list[int]) -> list[Part]:
+    """Parts ordered so each comes after every part it reads from."""
+    by_group: dict[int, list[int]] = {}
+    for index, key in enumerate(members):
+        by_group.setdefault(key, []).append(index)
+    preds, _ = _edges(graph)
+    deps = {key: {members[p] for i in nodes for p in preds[i]} - {key} for key, nodes in by_group.items()}
+    ordered: list[int] = []
+    done: set[int] = set()
+    pending = sorted(by_group, key=lambda k: by_group[k][0])
+    while pending:
+        ready = next(k for k in pending if deps[k] <= done)  # the group graph is acyclic
+        pending.remove(ready)
+        ordered.append(ready)
+        done.add(ready)
+    parts = []
+    for number, key in enumerate(ordered):
+        nodes = by_group[key]
+        backend = placed[nodes[0]]
+        sub = graph.subgraph([graph.nodes[i] for i in nodes], name=f"{graph.name}_part{number}_{backend}")
+        parts.append(Part(backend, nodes, sub))
+    return parts
+
+
+def split_branches(graph: Graph, parts: list[Part]) -> list[Part]:
+    """Cut each part at forks and joins, so that independent branches are separate parts.
+
+    A node continues its producer's chain when it is that producer's only consumer inside the
+    part and the producer is its only producer inside the part; otherwise it starts a chain.
+    """
+    preds, succs = _edges(graph)
+    members = list(range(len(graph.nodes)))
+    placed = [""] * len(graph.nodes)
+    for part in parts:
+        inside = set(part.nodes)
+        for index in part.nodes:
+            placed[index] = part.backend
+            mine = preds[index] & inside
+            if len(mine) == 1:
+                (producer,) = mine
+                if len(succs[producer] & inside) == 1:
+                    members[index] = members[producer]
+    return _parts(graph, placed, members)
+
+
+def describe(parts: Sequence[Part], assignment: Assignment, graph: Graph) -> str:
+    """A human-readable plan: each part with its backend and ops, then every fallback and why."""
+    lines = []
+    for number, part in enumerate(parts):
+        ops: dict[str, int] = {}
+        for index in part.nodes:
+            node = graph.nodes[index]
+            op = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+            ops[op] = ops.get(op, 0) + 1
+        listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in ops.items())
+        lines.append(f"part {number}: {part.backend:<12} {len(part.nodes):4d} nodes  "
+                     f"in {_names(part.inputs)} -> out {_names(part.outputs)}  [{listed}]")
+    if assignment.declined:
+        lines.append("fallbacks:")
+        for index, reasons in assignment.declined.items():
+            node = graph.nodes[index]
+            why = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+            lines.append(f"  {node.label} -> {assignment.backends[index]} ({why})")
+    return "\n".join(lines)
+
+
+def _names(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return f"[{shown}{', ...' if len(names) > limit else ''}]"
+
