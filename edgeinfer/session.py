@@ -75,10 +75,15 @@ class Session:
             self.auto_choice = None
             names = scheduler.backend_priority(backend)
         self.backend_name = backend if isinstance(backend, str) else ",".join(names)
-        self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
-        self.plan = scheduler.make_plan(model.graph, self.backends, branches=executor == "dag")
-        self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=executor,
-                                                debug=self.debug)
+        prepared = self.auto_choice.prepared if self.auto_choice is not None else None
+        if prepared is not None and executor == "sequential" and not self.debug:
+            self.backends, self.plan, self._runner = prepared  # compiled while measuring
+            self.auto_choice.prepared = None
+        else:
+            self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
+            self.plan = scheduler.make_plan(model.graph, self.backends, branches=executor == "dag")
+            self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=executor,
+                                                    debug=self.debug)
         self.executor = executor
         self._inputs = model.inputs
         self._expected = {t.name: t for t in self._inputs}
