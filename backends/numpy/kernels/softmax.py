@@ -3,6 +3,12 @@
 Before opset 13 the input is coerced to 2-D at ``axis`` (default 1) and the op runs over the
 flattened trailing block, i.e. over every axis from ``axis`` on. From opset 13 it runs over
 the single ``axis`` (default -1). Both reduce to "normalize over these axes" here.
+
+float32 and float64 inputs are computed in their own type and rounded once. Half-precision
+inputs (float16, bfloat16) follow the op's ONNX function body, whose every intermediate
+(``Sub``, ``Exp``, ``ReduceSum``, ``Div``, ``Log``) is a tensor of the input type: each step
+computes in float32 (sums accumulate in float32) and is rounded to the input type, which is
+what ONNX's reference computes and what its fp16/bf16 test cases expect.
 """
 
 from __future__ import annotations
@@ -20,22 +26,37 @@ def _axes(op: str, x: np.ndarray, axis: int, flatten: bool) -> tuple[int, ...]:
     return tuple(range(axis, x.ndim)) if flatten else (axis,)
 
 
+def _rounder(dtype: np.dtype):
+    """Rounds a float32 intermediate to ``dtype`` in place (kept as float32); identity for
+    types that compute in their own precision."""
+    if compute_dtype(dtype) == dtype:
+        return lambda work: work
+
+    def round_to_input_type(work: np.ndarray) -> np.ndarray:
+        work[...] = work.astype(dtype)
+        return work
+
+    return round_to_input_type
+
+
 def _shifted(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     work = x.astype(compute_dtype(x.dtype), copy=True)
     work -= work.max(axis=axes, keepdims=True)
-    return work
+    return _rounder(x.dtype)(work)
 
 
 def _softmax(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    e = _shifted(x, axes)
-    np.exp(e, out=e)
-    e /= e.sum(axis=axes, keepdims=True)
+    rounded = _rounder(x.dtype)
+    e = rounded(np.exp(_shifted(x, axes)))
+    e /= rounded(e.sum(axis=axes, keepdims=True))
     return e.astype(x.dtype, copy=False)
 
 
 def _log_softmax(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    rounded = _rounder(x.dtype)
     shifted = _shifted(x, axes)
-    shifted -= np.log(np.exp(shifted).sum(axis=axes, keepdims=True))
+    total = rounded(rounded(np.exp(shifted)).sum(axis=axes, keepdims=True))
+    shifted -= rounded(np.log(total))
     return shifted.astype(x.dtype, copy=False)
 
 
