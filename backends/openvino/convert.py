@@ -171,7 +171,7 @@ def where(exc: BaseException, names: Mapping[str, Node], graph: Graph) -> str:
     no_rule = _NO_RULE.search(text)
     if no_rule:  # "Foo-17, Bar-17": every node of those op types
         ops = {item.strip().rsplit("-", 1)[0] for item in no_rule.group("ops").split(",")}
-        labels = [n.label for n in graph.nodes if n.op_type in ops]
+        labels = [n.label for n in graph.nodes if n.op_type in ops or f"{n.domain}.{n.op_type}" in ops]
         if labels:
             return " at " + ", ".join(labels[:5]) + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")
     return ""
