@@ -1,0 +1,151 @@
+"""Latency of the OpenVINO backend against raw OpenVINO and the onnxruntime backend.
+
+For each model: build it (``edgeinfer.zoo``), convert it (``--optimize``, default 2), and
+prepare three contenders with the same thread count, batch 1:
+
+- ``ov_backend``: ``ei.Session(model, backend="openvino")`` (lowered, exported, compiled);
+- ``ov_raw``: the zoo's ONNX model read and compiled by OpenVINO directly, with the
+  properties the backend uses (latency hint, the thread count, fp32 precision), run through
+  one ``InferRequest``;
+- ``ort_backend``: ``ei.Session(model, backend="onnxruntime")``.
+
+It checks that the three give the same outputs, warms up, then times them in interleaved
+rounds (``edgeinfer.benchmark.time_interleaved``), and reports median and p90 latency, the
+backend's overhead over raw OpenVINO and the ratio OpenVINO backend / onnxruntime backend of
+the medians. Usage::
+
+    python benchmarks/bench_openvino.py [--models resnet50 mobilenet_v2 transformer]
+        [--threads 2] [--rounds 20] [--warmup 3] [--optimize 2] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.benchmark import time_interleaved
+from edgeinfer.format.atomic import atomic_write_bytes
+
+CONTENDERS = ("ov_backend", "ov_raw", "ort_backend")
+MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "resnet50": lambda: zoo.resnet50(batch=1, size=224),
+    "mobilenet_v2": lambda: zoo.mobilenet_v2(size=224),
+    # BERT-mini sized encoder block: hidden 256, 4 heads, sequence 128
+    "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),
+}
+
+
+def raw_openvino(proto: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """The ONNX model through OpenVINO alone: read_model, compile_model, one InferRequest."""
+    import openvino
+
+    core = openvino.Core()
+    compiled = core.compile_model(core.read_model(proto.SerializeToString()), "CPU", {
+        "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    names = [port.get_any_name() for port in compiled.outputs]
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = request.infer(feeds, share_inputs=True, share_outputs=False)
+        return {name: results[port] for name, port in zip(names, compiled.outputs, strict=True)}
+
+    return run
+
+
+def max_relative_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
+    worst = 0.0
+    for name, value in ref.items():
+        scale = max(float(np.abs(value).max()), 1e-12)
+        worst = max(worst, float(np.abs(got[name].astype(np.float64) - value).max()) / scale)
+    return worst
+
+
+def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: int) -> dict[str, Any]:
+    proto = MODELS[name]()
+    model = ei.convert(proto, optimize=optimize)
+    feeds = zoo.example_inputs(proto, seed=0)
+    start = time.perf_counter()
+    ov_session = ei.Session(model, backend="openvino", threads=threads)
+    compile_s = time.perf_counter() - start
+    runs = {
+        "ov_backend": functools.partial(ov_session.run, feeds),
+        "ov_raw": functools.partial(raw_openvino(proto, threads), feeds),
+        "ort_backend": functools.partial(ei.Session(model, backend="onnxruntime", threads=threads).run, feeds),
+    }
+    outputs = {contender: run() for contender, run in runs.items()}
+    times = time_interleaved(runs, rounds=rounds, warmup=warmup)
+    result: dict[str, Any] = {
+        "model": name,
+        "parameters": int(sum(a.size for a in model.graph.initializers.values())),
+        "ov_backend_compile_s": compile_s,
+        "max_rel_diff_vs_ov_raw": max(max_relative_difference(outputs[c], outputs["ov_raw"])
+                                      for c in ("ov_backend", "ort_backend")),
+    }
+    for contender in CONTENDERS:
+        samples = np.array(times[contender]) * 1e3
+        result[contender] = {"median_ms": float(np.median(samples)), "p90_ms": float(np.percentile(samples, 90)),
+                             "min_ms": float(samples.min()), "rounds": len(samples)}
+    median = {contender: result[contender]["median_ms"] for contender in CONTENDERS}
+    result["backend_overhead_vs_raw_pct"] = 100.0 * (median["ov_backend"] / median["ov_raw"] - 1.0)
+    result["ratio_ov_backend_over_ort_backend"] = median["ov_backend"] / median["ort_backend"]
+    return result
+
+
+def print_table(results: list[dict[str, Any]], threads: int) -> None:
+    header = (f"{'model':<14}{'ov backend':>12}{'ov raw':>10}{'ort backend':>13}{'overhead':>10}"
+              f"{'ov/ort':>8}{'max rel diff':>14}")
+    print(f"median latency in ms (p90 in the JSON), batch 1, threads={threads}")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(f"{r['model']:<14}{r['ov_backend']['median_ms']:>12.2f}{r['ov_raw']['median_ms']:>10.2f}"
+              f"{r['ort_backend']['median_ms']:>13.2f}{r['backend_overhead_vs_raw_pct']:>9.1f}%"
+              f"{r['ratio_ov_backend_over_ort_backend']:>8.2f}{r['max_rel_diff_vs_ov_raw']:>14.1e}")
+
+
+def environment(threads: int) -> dict[str, Any]:
+    import onnxruntime
+    import openvino
+
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "threads": threads, "numpy": np.__version__, "onnxruntime": onnxruntime.__version__,
+            "openvino": openvino.__version__, "edgeinfer": ei.__version__}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="OpenVINO backend vs raw OpenVINO vs onnxruntime backend latency")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=2, help="threads per contender (default 2)")
+    parser.add_argument("--rounds", type=int, default=20, help="timed runs per contender (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per contender first (default 3)")
+    parser.add_argument("--optimize", type=int, default=2, choices=(0, 1, 2),
+                        help="optimization level of the converted model (default 2)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--threads and --rounds must be positive, --warmup not negative")
+    results = []
+    for name in args.models:
+        results.append(bench_model(name, threads=args.threads, rounds=args.rounds, warmup=args.warmup,
+                                   optimize=args.optimize))
+        print(f"{name}: done", flush=True)
+    print_table(results, args.threads)
+    if args.json:
+        document = {"environment": environment(args.threads), "results": results}
+        atomic_write_bytes(args.json, json.dumps(document, indent=2).encode())
+
+
+if __name__ == "__main__":
+    main()
