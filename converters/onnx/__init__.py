@@ -32,7 +32,9 @@ UPGRADE_TARGET = 13  # opsets below this are upgraded; newer ones are kept as th
 # and Resize-10 become Resize-13 without coordinate_transformation_mode="asymmetric" (linear
 # mode shifts), and Hardmax-11 becomes Hardmax-13 without the flatten-to-2D step. A model
 # holding one of these ops below the given opset keeps its opset; versioned kernels run it.
-UPGRADE_UNSAFE_BELOW = {"Upsample": 10_000, "Resize": 11, "Hardmax": 13}
+# Scan-8 becomes Scan-9 with its batch axis dropped from the declared inputs and body
+# (the original feeds no longer fit); the numpy backend has a Scan-8 kernel.
+UPGRADE_UNSAFE_BELOW = {"Upsample": 10_000, "Resize": 11, "Hardmax": 13, "Scan": 9}
 
 
 def accepts(source: Any) -> bool:

@@ -38,8 +38,6 @@ ROUNDED_EXPECTATIONS = {
 
 _RANDOM = ("UNSUPPORTED: random sampling; the expected values are one draw of numpy's generator, which "
            "the spec does not require a backend to reproduce")
-_REFERENCE_LOOP = ("BUG: Loop runs on the onnx.reference fallback, whose Loop stacks 0-d scan outputs as "
-                   "shape (N, 1) instead of (N,) (a native Loop kernel would fix it)")
 
 # case name -> reason. Every reason starts with "BUG:" (a known defect, what is wrong and whose
 # code it is in) or "UNSUPPORTED:" (deliberately not supported, and why).
@@ -47,17 +45,9 @@ EXCLUDED: dict[str, str] = {
     **{name: _RANDOM for name in (
         "test_bernoulli", "test_bernoulli_double", "test_bernoulli_seed", "test_bernoulli_expanded",
         "test_bernoulli_double_expanded", "test_bernoulli_seed_expanded")},
-    **{name: _REFERENCE_LOOP for name in (
-        "test_range_float_type_positive_delta_expanded", "test_range_int32_type_negative_delta_expanded",
-        "test_range_float16_type_positive_delta_expanded", "test_range_bfloat16_type_positive_delta_expanded")},
     **{name: ("UNSUPPORTED: training-mode BatchNormalization (batch statistics and running-mean outputs); "
               "the nn kernels are inference only") for name in (
         "test_batchnorm_example_training_mode", "test_batchnorm_epsilon_training_mode")},
-    "test_if_opt": ("BUG: If runs on the onnx.reference fallback, whose If returns an optional(sequence) "
-                    "output wrapped in one extra list"),
-    "test_scan_sum": ("BUG: core converters/onnx upgrades this Scan-8 model with onnx.version_converter, "
-                      "which drops the batch axis from the declared input 'initial' ([1, 2] -> [2]), so "
-                      "Session rejects the original feeds"),
 }
 
 
