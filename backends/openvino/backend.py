@@ -55,8 +55,10 @@ def core() -> Any:
 class OpenVinoExecutable(Executable):
     thread_safe = True  # one InferRequest per calling thread
 
-    def __init__(self, graph: Graph, compiled: Any, device_name: str, names: Mapping[str, Node]):
+    def __init__(self, graph: Graph, compiled: Any, device_name: str, names: Mapping[str, Node],
+                 buffers: list[np.ndarray] | None = None):
         super().__init__(graph)
+        self._buffers = list(buffers or [])  # weights whose addresses the exported model carried
         self._names = dict(names)  # OpenVINO's names (node and output names) -> IR node
         self.compiled = compiled
         self.device_name = device_name
@@ -137,8 +139,6 @@ class OpenVinoBackend(Backend):
             model = read_onnx(model_bytes)
         except Exception as exc:
             raise backend_error("could not convert", lowered, exc, names) from exc
-        finally:
-            del buffers  # the frontend has copied what they held
         config = compile_config(device_name, engine, threads, options.debug)
         try:
             compiled = core().compile_model(model, device_name, config)
@@ -147,7 +147,10 @@ class OpenVinoBackend(Backend):
         if len(compiled.outputs) != len(lowered.outputs):
             raise BackendError(f"openvino compiled graph {graph.name!r} with {len(compiled.outputs)} outputs, "
                                f"expected {len(lowered.outputs)} ({lowered.output_names})")
-        return OpenVinoExecutable(lowered, compiled, device_name, names)
+        # OpenVINO 2026 copies the buffers while reading; an engine that kept their addresses
+        # (its constants referring to them in place) must find them alive: they live as long as
+        # the executable (mostly the graph's own arrays, so this costs nothing).
+        return OpenVinoExecutable(lowered, compiled, device_name, names, buffers)
 
 
 def resolve_device(requested: str, available: list[str], fallback: bool) -> str:

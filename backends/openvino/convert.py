@@ -127,7 +127,6 @@ def memory_external_data_supported() -> bool:
         log.info("OpenVINO does not read in-memory external data (%s); initializers are serialized",
                  first_line(exc))
         return False
-    del buffers
     found = any(c.shape == values.shape and np.array_equal(c, values) for c in constants)
     if not found:
         log.info("OpenVINO read in-memory external data wrongly; initializers are serialized")

@@ -59,15 +59,13 @@ def node_reason(node: Node, graph: Graph, device_name: str,
 def _probe(node: Node, graph: Graph, device_name: str,
            query_model: Callable[[Any, str], dict[str, str]]) -> str | None:
     probe, typed = _probe_graph(node, graph)
-    model_bytes, _, buffers = export(probe)
+    model_bytes, _, buffers = export(probe)  # buffers: kept alive until the probe is done
     try:
         model = read_onnx(model_bytes)
     except Exception as exc:  # the frontend's own exception types
         if not typed and not _NO_RULE.search(str(exc)):
             return None
         return f"OpenVINO's ONNX frontend cannot convert it: {explain(exc)}"
-    finally:
-        del buffers
     if device_name == "CPU":
         return None
     try:
