@@ -117,7 +117,7 @@ class OpenVinoBackend(Backend):
         self.device = device if self.device_name == requested else "cpu"
 
     def supports(self, node: Node, graph: Graph) -> str | None:
-        reason = _static_reason(node, graph)
+        reason = _static_reason(node, graph) or _float64_reason(node, graph)
         if reason is not None or node.domain == EDGEINFER_DOMAIN:  # lowered ops are standard ONNX
             return reason
         return node_reason(node, graph, self.device_name, core().query_model)
@@ -236,6 +236,16 @@ def _schema_reason(node: Node, graph: Graph) -> str | None:
         onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
     except onnx.defs.SchemaError:
         return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
+    return None
+
+
+def _float64_reason(node: Node, graph: Graph) -> str | None:
+    """OpenVINO's plugins compute float64 in float32: such a node belongs on a backend with
+    float64 kernels (``compile`` still runs a float64 graph it is given, at float32 precision)."""
+    for name in (*node.inputs, *node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is not None and value.dtype == "float64":
+            return f"value {name!r} is float64, which OpenVINO computes in float32"
     return None
 
 

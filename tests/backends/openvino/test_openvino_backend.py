@@ -274,6 +274,59 @@ def test_outputs_that_are_inputs_or_constants_and_unused_inputs():
     assert_matches(got, ort_direct(graph_to_model(graph), feeds), "passthrough")
 
 
+DTYPE_CASES = {
+    "bool_int64_and_scalar": ("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 5] x, bool[N, 5] m) => (int64[N] index, bool[N, 5] positive, float total)
+        { zero = Constant<value = float {0.0}>()
+          above = Greater(x, zero)
+          positive = And(above, m)
+          index = ArgMax<axis = 1, keepdims = 0>(x)
+          total = ReduceSum<keepdims = 0>(x) }""",
+        lambda rng: {"x": rng.standard_normal((3, 5)).astype(np.float32), "m": rng.random((3, 5)) > 0.5}),
+    "float16": ("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float16[N, 4] x) => (float16[N, 4] y)
+        { y = Softmax<axis = -1>(x) }""",
+        lambda rng: {"x": rng.standard_normal((2, 4)).astype(np.float16)}),
+    "uint8_int32": ("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (uint8[N, 4] x, int32[N, 4] y) => (int32[N, 4] z, uint8[N, 4] w)
+        { wide = Cast<to = 6>(x)
+          z = Add(wide, y)
+          w = Identity(x) }""",
+        lambda rng: {"x": rng.integers(0, 255, (2, 4), dtype=np.uint8),
+                     "y": rng.integers(-1000, 1000, (2, 4), dtype=np.int32)}),
+    "empty_batch": ("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y)
+        { y = Relu(x) }""",
+        lambda rng: {"x": np.zeros((0, 4), np.float32)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DTYPE_CASES))
+def test_dtypes_scalars_and_empty_tensors_match_onnxruntime(case):
+    text, make_feeds = DTYPE_CASES[case]
+    proto = parse_model(text)
+    feeds = make_feeds(np.random.default_rng(0))
+    got = ei.Session(ei.convert(proto, optimize=0), backend="openvino").run(feeds)
+    reference = ort_direct(proto, feeds)
+    assert list(got) == list(reference)
+    for output, ref in reference.items():
+        assert got[output].dtype == ref.dtype
+        assert_close(got[output], ref, rtol=RTOL, atol=ATOL, name=f"{case}:{output}")
+
+
+def test_float64_nodes_are_left_to_backends_with_float64_kernels():
+    proto = parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (double[N, 4] x) => (double[N, 4] y)
+        { y = Exp(x) }""")
+    graph = ei.convert(proto, optimize=0).graph
+    assert "float64" in get_backend("openvino").supports(graph.nodes[0], graph)
+
+
 def test_eight_threads_run_one_executable_at_once():
     proto = zoo.cnn_residual_depthwise(seed=5)
     executable = get_backend("openvino").compile(ei.convert(proto, optimize=2).graph, CompileOptions(threads=1))
