@@ -327,9 +327,11 @@ def test_float64_nodes_are_left_to_backends_with_float64_kernels():
     assert "float64" in get_backend("openvino").supports(graph.nodes[0], graph)
 
 
-def test_eight_threads_run_one_executable_at_once():
+@pytest.mark.parametrize("hint", ["LATENCY", "THROUGHPUT"])  # one stream; several streams
+def test_eight_threads_run_one_executable_at_once(hint):
     proto = zoo.cnn_residual_depthwise(seed=5)
-    executable = get_backend("openvino").compile(ei.convert(proto, optimize=2).graph, CompileOptions(threads=1))
+    executable = get_backend("openvino", performance_hint=hint).compile(ei.convert(proto, optimize=2).graph,
+                                                                      CompileOptions(threads=2))
     inputs = [zoo.example_inputs(proto, seed=seed) for seed in range(8)]
     expected = [ort_direct(proto, feeds)["logits"] for feeds in inputs]
     results: dict[int, list[np.ndarray]] = {}
