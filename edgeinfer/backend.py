@@ -30,6 +30,9 @@ from edgeinfer.ir import Graph, Node
 class CompileOptions:
     threads: int | None = None  # None: the engine's default
     debug: bool = False  # per-node timing and shapes
+    # False when other executables run on the same cores at the same time (DAG and pipeline
+    # executors): an engine's idle worker threads must then sleep rather than spin.
+    busy_wait: bool = True
     engine_options: dict[str, Any] = field(default_factory=dict)  # backend-specific
 
 

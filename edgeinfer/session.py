@@ -30,6 +30,7 @@ class Session:
     ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``), a list in
     priority order (each node goes to the first that can run it; numpy runs the rest), or
     ``"auto"`` (time the candidate placements here and keep the fastest; the choice is cached).
+    A ``Backend`` object may stand in a list for a name (an engine of your own).
     ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
     ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
     ``executor``: ``"sequential"`` or ``"dag"`` (independent branches at once).
@@ -40,7 +41,7 @@ class Session:
     every worker thread.
     """
 
-    def __init__(self, model: Model | str | os.PathLike, backend: str | Sequence[str] = "numpy",
+    def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy",
                  threads: int | None = None, *, device: str = "cpu", fallback: bool = False,
                  executor: str = "sequential", debug: bool | None = None,
                  backend_options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -74,7 +75,8 @@ class Session:
         else:
             self.auto_choice = None
             names = scheduler.backend_priority(backend)
-        self.backend_name = backend if isinstance(backend, str) else ",".join(names)
+        self.backend_name = backend if isinstance(backend, str) else ",".join(
+            n if isinstance(n, str) else n.name for n in names)
         prepared = self.auto_choice.prepared if self.auto_choice is not None else None
         if prepared is not None and executor == "sequential" and not self.debug:
             self.backends, self.plan, self._runner = prepared  # compiled while measuring

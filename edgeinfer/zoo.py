@@ -161,6 +161,12 @@ class _Builder:
         self.stats[out] = _Activation.of(draws[:, windows].max(axis=1))  # max of k*k independent draws
         return out
 
+    def concat(self, parts: list[str], name: str) -> str:
+        """Concatenation along channels."""
+        out = self.op("Concat", parts, name, axis=1)
+        self.stats[out] = _Activation.of(np.concatenate([self.stats[p].sample(self.stats_rng) for p in parts]))
+        return out
+
     def classifier(self, x: str, classes: int, name: str, *, output: str) -> str:
         """GlobalAveragePool -> Flatten -> Gemm (LeCun-normal weights, small bias)."""
         pooled = self.op("GlobalAveragePool", [x], f"{name}.pool")
@@ -352,12 +358,37 @@ def mobilenet_v2(size: int = 224, *, batch: int = 1, width_mult: float = 1.0, cl
                    mobilenet_v2.__doc__ or "")
 
 
+def inception_net(size: int = 64, *, batch: int = 1, blocks: int = 3, width: int = 32, classes: int = 100,
+                  seed: int = 0) -> onnx.ModelProto:
+    """An Inception-v1-style net: a conv stem, then ``blocks`` inception blocks of four
+    independent branches (1x1; 1x1 -> 3x3; 1x1 -> 5x5; 3x3 max-pool -> 1x1) joined by a channel
+    Concat, with a stride-2 max-pool after every block but the last; GAP classifier.
+    Input ``input`` [batch, 3, size, size], output ``logits`` [batch, classes]."""
+    b = _Builder("inception_net", seed)
+    x = b.standard_input("input", 3)
+    x = b.conv_bn(x, width, 3, "stem", stride=2)
+    for index in range(blocks):
+        name = f"block{index}"
+        c = width * (index + 1)
+        one = b.conv_bn(x, c, 1, f"{name}.b1")
+        three = b.conv_bn(b.conv_bn(x, c // 2, 1, f"{name}.b3.reduce"), c, 3, f"{name}.b3")
+        five = b.conv_bn(b.conv_bn(x, c // 4, 1, f"{name}.b5.reduce"), c // 2, 5, f"{name}.b5")
+        pooled = b.conv_bn(b.maxpool(x, 3, 1, f"{name}.pool", pad=1), c // 2, 1, f"{name}.pool.proj")
+        x = b.concat([one, three, five, pooled], f"{name}.concat")
+        if index < blocks - 1:
+            x = b.maxpool(x, 2, 2, f"{name}.down")
+    b.classifier(x, classes, "head", output="logits")
+    return b.model([_image_input("input", batch, 3, size)], [_logits("logits", batch, classes)],
+                   inception_net.__doc__ or "")
+
+
 BUILDERS = {
     "cnn_residual_depthwise": cnn_residual_depthwise,
     "transformer_encoder_block": transformer_encoder_block,
     "mlp_symbolic_batch": mlp_symbolic_batch,
     "resnet50": resnet50,
     "mobilenet_v2": mobilenet_v2,
+    "inception_net": inception_net,
 }
 
 
@@ -375,6 +406,7 @@ __all__ = [
     "BUILDERS",
     "cnn_residual_depthwise",
     "example_inputs",
+    "inception_net",
     "mlp_symbolic_batch",
     "mobilenet_v2",
     "resnet50",

@@ -259,6 +259,8 @@ def _session_options(ort: Any, options: CompileOptions, engine: Mapping[str, Any
     session_options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     # Errors reach the caller as BackendError; onnxruntime's own log would repeat them.
     session_options.log_severity_level = int(engine.get("log_severity", 4))
+    if not options.busy_wait:
+        session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for key, value in dict(engine.get("session_config") or {}).items():
         session_options.add_session_config_entry(str(key), str(value))
     return session_options

@@ -46,32 +46,46 @@ class Plan:
         return dict(Counter(self.assignment.backends))
 
 
-def backend_priority(backend: str | Sequence[str]) -> list[str]:
-    """A backend name or a list in priority order -> the list, with the numpy reference last."""
-    names = [backend] if isinstance(backend, str) else list(backend)
-    if not names or not all(isinstance(n, str) for n in names):
-        raise BackendError(f"backend: expected a name or a list of names, got {backend!r}")
-    if "auto" in names:
+BackendSpec = str | Backend
+
+
+def _spec_name(spec: BackendSpec) -> str:
+    return spec.name if isinstance(spec, Backend) else spec
+
+
+def backend_priority(backend: BackendSpec | Sequence[BackendSpec]) -> list[BackendSpec]:
+    """A backend (name or ``Backend`` object) or a list of them in priority order -> the list,
+    with the numpy reference last. Objects let a caller plug in an engine of its own."""
+    specs = [backend] if isinstance(backend, (str, Backend)) else list(backend)
+    if not specs or not all(isinstance(s, (str, Backend)) for s in specs):
+        raise BackendError(f"backend: expected a name, a Backend or a list of them, got {backend!r}")
+    names = [_spec_name(s) for s in specs]
+    if "auto" in names and len(names) > 1:
         raise BackendError("backend 'auto' cannot be part of a list: give 'auto' alone or a list of "
                            f"backends among {installed_backends()}")
     duplicates = sorted(n for n, c in Counter(names).items() if c > 1)
     if duplicates:
         raise BackendError(f"backend list {names} names {duplicates} more than once")
-    return names if REFERENCE in names else [*names, REFERENCE]
+    return specs if REFERENCE in names else [*specs, REFERENCE]
 
 
-def make_backends(names: Sequence[str], *, device: str = "cpu", fallback: bool = False,
+def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback: bool = False,
                   options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Backend]:
-    """Instantiate backends by name. ``options`` maps a backend name to its engine options. The
-    numpy reference runs on the CPU whatever the device (it is the fallback of last resort)."""
+    """Instantiate backends by name (objects are used as they are). ``options`` maps a backend
+    name to its engine options. The numpy reference runs on the CPU whatever the device (it is
+    the fallback of last resort)."""
     options = dict(options or {})
+    names = [_spec_name(s) for s in specs]
     unknown = sorted(set(options) - set(names))
     if unknown:
-        raise BackendError(f"engine options given for backend(s) {unknown} that are not used: {list(names)}")
+        raise BackendError(f"engine options given for backend(s) {unknown} that are not used: {names}")
     backends = []
-    for name in names:
-        on = "cpu" if name == REFERENCE and len(names) > 1 else device
-        backends.append(get_backend(name, device=on, fallback=fallback, **dict(options.get(name, {}))))
+    for spec in specs:
+        if isinstance(spec, Backend):
+            backends.append(spec)
+            continue
+        on = "cpu" if spec == REFERENCE and len(specs) > 1 else device
+        backends.append(get_backend(spec, device=on, fallback=fallback, **dict(options.get(spec, {}))))
     return backends
 
 
@@ -106,15 +120,17 @@ def _concurrency(parts: Sequence[Part]) -> list[int]:
 
 
 def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | None, debug: bool = False,
-                  parallel: bool = False) -> list[CompiledPart]:
-    """Compile every part on its backend. With ``parallel`` (the DAG executor), a part that may
-    run beside others gets a share of ``threads``; a part that runs alone gets them all."""
+                  share_threads: bool = False, busy_wait: bool = True) -> list[CompiledPart]:
+    """Compile every part on its backend. With ``share_threads`` (the DAG executor), a part that
+    may run beside others gets a share of ``threads``; a part that runs alone gets them all.
+    ``busy_wait=False`` when other executables run on the same cores at the same time."""
     by_name = {b.name: b for b in backends}
-    shares = _concurrency(plan.parts) if parallel and threads else [0] * len(plan.parts)
+    shares = _concurrency(plan.parts) if share_threads and threads else [0] * len(plan.parts)
     compiled = []
     for part, others in zip(plan.parts, shares):
         part_threads = threads if not others else max(1, threads // min(others + 1, threads))
-        compiled.append(CompiledPart(part, by_name[part.backend], CompileOptions(threads=part_threads, debug=debug)))
+        options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait)
+        compiled.append(CompiledPart(part, by_name[part.backend], options))
     return compiled
 
 
@@ -126,7 +142,8 @@ def build_executor(plan: Plan, backends: Sequence[Backend], *, threads: int | No
     parallel = executor == "dag"
     if parallel and threads is None:
         threads = os.cpu_count() or 1
-    parts = compile_parts(plan, backends, threads=threads, debug=debug, parallel=parallel)
+    parts = compile_parts(plan, backends, threads=threads, debug=debug, share_threads=parallel,
+                          busy_wait=not parallel)
     if not parallel:
         return SequentialExecutor(plan.graph, parts)
     workers = max(1, min(threads, max(_concurrency(plan.parts), default=0) + 1))

@@ -9,7 +9,7 @@
    its same-backend producers' level and above its other producers' level; every edge between
    two groups then goes from a lower level to a higher one (or stays inside one backend's
    level), so the groups (backend, level) form a DAG. Each group is split into its connected
-   components, and then any two groups of one backend joined by an edge are contracted when
+   components (nodes are connected by an edge or by reading the same value), and then any two groups of one backend joined by an edge are contracted when
    no other path links them (the contraction keeps the DAG acyclic).
 3. ``split_branches`` (for the DAG-parallel executor): each subgraph is cut further at forks
    and joins into chains, so independent branches become separate parts that can run at once.
@@ -103,6 +103,15 @@ def _edges(graph: Graph) -> tuple[list[set[int]], list[set[int]]]:
     return preds, succs
 
 
+def _readers(graph: Graph) -> dict[str, list[int]]:
+    """value name -> indices of the nodes that read it (graph inputs and constants included)."""
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.nodes):
+        for name in dict.fromkeys(i for i in node.inputs if i):
+            readers.setdefault(name, []).append(index)
+    return readers
+
+
 def group(graph: Graph, assignment: Assignment) -> list[Part]:
     """Maximal connected, cycle-free subgraphs of same-backend nodes, in a topological order."""
     placed = assignment.backends
@@ -123,6 +132,11 @@ def group(graph: Graph, assignment: Assignment) -> list[Part]:
         for p in preds[index]:
             if placed[p] == placed[index] and level[p] == level[index]:
                 owner[find(p)] = find(index)
+    # nodes reading the same value are connected through it (siblings of a fork)
+    for readers in _readers(graph).values():
+        for a, b in zip(readers, readers[1:]):
+            if placed[a] == placed[b] and level[a] == level[b]:
+                owner[find(a)] = find(b)
     groups = _contract(placed, preds, succs, [find(i) for i in range(len(graph.nodes))])
     return _parts(graph, placed, groups)
 

@@ -120,7 +120,7 @@ def _build_stages(session: Session, ranges: Sequence[tuple[int, int]], threads: 
         sub = graph.subgraph(graph.nodes[start:end], name=f"{graph.name}_stage{len(stages)}")
         pinned = {i: placed[start + i] for i in range(end - start)}
         plan = make_plan(sub, session.backends, pinned=pinned)
-        parts = compile_parts(plan, session.backends, threads=threads, debug=False)
+        parts = compile_parts(plan, session.backends, threads=threads, busy_wait=False)
         stages.append(Stage(range(start, end), SequentialExecutor(sub, parts), frozenset(keep)))
     return stages
 

@@ -1,0 +1,73 @@
+"""Backends for scheduler tests: engines as if a device existed, and engines that misbehave on
+purpose. They implement the public ``Backend`` interface, as a user's own engine would."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from edgeinfer.backend import Backend, CompileOptions, Executable, get_backend
+from edgeinfer.errors import BackendError
+from edgeinfer.ir import Graph, Node
+
+FAIL_MARK = 999.0  # a feed whose first element is this makes FaultyBackend raise
+SLOW_MARK = 555.0  # ... or sleep for ``FaultyBackend.sleep`` seconds
+
+
+class RestrictedBackend(Backend):
+    """An accelerator that takes only ``ops`` (as an NPU would), running them on ``inner``."""
+
+    def __init__(self, name: str, ops: set[str], inner: str = "onnxruntime", device: str = "npu"):
+        self.name, self.ops, self.device = name, set(ops), device
+        self.inner = get_backend(inner)
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        if node.op_type not in self.ops:
+            return f"op {node.op_type} is not among the ops this {self.device.upper()} runs"
+        return self.inner.supports(node, graph)
+
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        return self.inner.compile(graph, options)
+
+
+class _FaultyExecutable(Executable):
+    def __init__(self, graph: Graph, inner: Executable, owner: FaultyBackend):
+        super().__init__(graph)
+        self.inner, self.owner = inner, owner
+        self.thread_safe = owner.thread_safe
+        self.compiled_on = threading.get_ident()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.thread_safe and threading.get_ident() != self.compiled_on:
+            self.owner.violations += 1  # a non-thread-safe executable used from another thread
+        first = next(iter(feeds.values())).reshape(-1)[:1]
+        if first.size and first[0] == FAIL_MARK:
+            raise BackendError(f"faulty backend: refusing {self.graph.name!r} on purpose")
+        if first.size and first[0] == SLOW_MARK:
+            time.sleep(self.owner.sleep)
+        return self.inner.run(feeds)
+
+
+class FaultyBackend(Backend):
+    """The numpy backend, plus faults on marked feeds, and optionally not thread safe (one
+    executable per thread, as a TFLite interpreter). Counts compiles and misuse."""
+
+    def __init__(self, name: str = "faulty", *, thread_safe: bool = True, ops: set[str] | None = None,
+                 sleep: float = 2.0):
+        self.name, self.thread_safe, self.ops, self.sleep = name, thread_safe, ops, sleep
+        self.inner = get_backend("numpy")
+        self.compiles = 0
+        self.violations = 0
+        self._lock = threading.Lock()
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        if self.ops is not None and node.op_type not in self.ops:
+            return f"op {node.op_type} not taken by the faulty backend"
+        return self.inner.supports(node, graph)
+
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        with self._lock:
+            self.compiles += 1
+        return _FaultyExecutable(graph, self.inner.compile(graph, options), self)

@@ -1,0 +1,149 @@
+"""Sequential and DAG-parallel executors, run_async, thread safety and shutdown."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.errors import BackendError, SchedulerError
+from edgeinfer.testing import assert_close, parse_model
+
+from .backends import FAIL_MARK, FaultyBackend
+
+RTOL, ATOL = 1e-4, 1e-5  # onnxruntime vs numpy: different summation orders
+
+
+def edgeinfer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("edgeinfer-")]
+
+
+@pytest.fixture(scope="module")
+def inception():
+    proto = zoo.inception_net(size=32, width=8, blocks=2, seed=3)
+    return proto, ei.convert(proto)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_dag_executor_matches_sequential_on_an_inception_net(inception, backend):
+    proto, model = inception
+    feeds = zoo.example_inputs(proto, seed=1)
+    reference = ei.Session(model, backend="numpy").run(feeds)
+    with ei.Session(model, backend=backend, threads=2, executor="dag") as session:
+        # each inception block's four branches are parts of their own
+        assert len(session.plan.parts) >= 8
+        got = session.run(feeds)
+    assert_close(got["logits"], reference["logits"], rtol=RTOL, atol=ATOL)
+    assert not edgeinfer_threads()
+
+
+def test_dag_executor_serves_multi_head_outputs():
+    model = ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        heads (float[4, 16] x) => (float[4, 16] h1, float[4, 16] h2, float[4, 16] h3)
+        {
+            t = Relu(x)
+            h1 = Sigmoid(t)
+            h2 = Tanh(t)
+            h3 = Neg(t)
+        }"""), optimize=0)
+    feeds = {"x": np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)}
+    reference = ei.Session(model).run(feeds)
+    with ei.Session(model, backend="onnxruntime", threads=2, executor="dag") as session:
+        got = session.run(feeds)
+    assert list(got) == ["h1", "h2", "h3"]
+    for name in got:
+        assert_close(got[name], reference[name])
+
+
+@pytest.mark.parametrize("executor", ["sequential", "dag"])
+@pytest.mark.parametrize("backend", ["numpy", "onnxruntime"])
+def test_run_is_thread_safe_under_8_threads_x_200_requests(backend, executor):
+    proto = zoo.mlp_symbolic_batch(seed=4)
+    model = ei.convert(proto)
+    reference = ei.Session(model, backend="numpy")
+    rng = np.random.default_rng(9)
+    requests = [rng.standard_normal((1 + i % 3, 32)).astype(np.float32) for i in range(1600)]
+    expected = [reference.run({"x": x})["probs"] for x in requests]
+    with ei.Session(model, backend=backend, threads=1, executor=executor) as session:
+        def serve(worker: int) -> list[tuple[int, np.ndarray]]:
+            return [(i, session.run({"x": requests[i]})["probs"]) for i in range(worker, 1600, 8)]
+
+        with ThreadPoolExecutor(8) as pool:
+            results = [r for chunk in pool.map(serve, range(8)) for r in chunk]
+    assert len(results) == 1600
+    for index, got in results:
+        assert_close(got, expected[index], rtol=RTOL, atol=ATOL, name=f"request {index}")
+
+
+def test_non_thread_safe_executables_get_one_per_thread(inception):
+    proto, model = inception
+    engine = FaultyBackend("single", thread_safe=False)
+    feeds = zoo.example_inputs(proto, seed=2)
+    reference = ei.Session(model).run(feeds)
+    with ei.Session(model, backend=[engine, "numpy"], threads=1) as session:
+        compiles_before = engine.compiles
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda _: session.run(feeds), range(16)))
+        assert engine.violations == 0
+        assert engine.compiles > compiles_before  # the worker threads compiled their own
+    for out in outs:
+        assert_close(out["logits"], reference["logits"])
+
+
+def test_run_async_returns_futures_in_any_order(inception):
+    proto, model = inception
+    with ei.Session(model, backend="onnxruntime", threads=1) as session:
+        batches = [zoo.example_inputs(proto, seed=s) for s in range(6)]
+        futures = [session.run_async(f) for f in batches]
+        expected = [session.run(f)["logits"] for f in batches]
+        for future, ref in zip(futures, expected):
+            assert_close(future.result(timeout=60)["logits"], ref)
+    assert not edgeinfer_threads()
+
+
+@pytest.mark.parametrize("executor", ["sequential", "dag"])
+def test_failing_part_reaches_the_caller(executor):
+    model = ei.convert(zoo.mlp_symbolic_batch(seed=1))
+    engine = FaultyBackend("faulty")
+    with ei.Session(model, backend=[engine, "numpy"], threads=2, executor=executor) as session:
+        bad = np.full((1, 32), FAIL_MARK, np.float32)
+        with pytest.raises(BackendError, match="refusing"):
+            session.run({"x": bad})
+        future = session.run_async({"x": bad})
+        with pytest.raises(BackendError, match="refusing"):
+            future.result(timeout=30)
+        ok = session.run({"x": np.zeros((1, 32), np.float32)})  # the session still serves
+        assert ok["probs"].shape == (1, 10)
+    assert not edgeinfer_threads()
+
+
+@pytest.mark.parametrize("executor", ["sequential", "dag"])
+def test_close_is_idempotent_and_later_calls_are_refused(executor):
+    model = ei.convert(zoo.mlp_symbolic_batch(seed=1))
+    session = ei.Session(model, backend="onnxruntime", threads=2, executor=executor)
+    session.run_async({"x": np.zeros((1, 32), np.float32)}).result(timeout=30)
+    session.close()
+    session.close()
+    assert not edgeinfer_threads()
+    for call in (lambda: session.run({"x": np.zeros((1, 32), np.float32)}),
+                 lambda: session.run_async({"x": np.zeros((1, 32), np.float32)}),
+                 lambda: session.stream([{"x": np.zeros((1, 32), np.float32)}])):
+        with pytest.raises(SchedulerError, match="session is closed"):
+            call()
+
+
+def test_bad_feeds_raise_before_anything_is_scheduled():
+    model = ei.convert(zoo.mlp_symbolic_batch(seed=1))
+    with ei.Session(model, backend="onnxruntime", executor="dag", threads=2) as session:
+        with pytest.raises(ei.InputError, match="expected rank 2"):
+            session.run_async({"x": np.zeros(32, np.float32)})
+
+
+def test_unknown_executor_is_a_clear_error():
+    with pytest.raises(BackendError, match="executor 'threads': expected one of sequential, dag"):
+        ei.Session(ei.convert(zoo.mlp_symbolic_batch()), executor="threads")

@@ -1,0 +1,175 @@
+"""The capability partitioner: every placement computes what numpy alone computes, parts are
+connected, cycle-free and in order, and fallbacks say why."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import edgeinfer as ei
+from edgeinfer.errors import BackendError
+from edgeinfer.scheduler import build_executor, make_backends, make_plan
+from edgeinfer.scheduler.partition import split_branches
+from edgeinfer.testing import assert_close, parse_model
+
+from .backends import RestrictedBackend
+
+# Two outputs, a fork (a -> b, c), joins (d, z) and a long-range edge (x -> e): placements can
+# create cycles here if the partitioner is careless.
+BRANCHY = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    branchy (float[2, 8] x) => (float[2, 8] y, float[2, 8] z)
+    {
+        a = Relu(x)
+        b = Sigmoid(a)
+        c = Tanh(a)
+        d = Add(b, c)
+        e = Mul(d, x)
+        f = Abs(e)
+        y = Neg(f)
+        z = Sub(b, f)
+    }"""
+ALL_OPS = {"Relu", "Sigmoid", "Tanh", "Add", "Mul", "Abs", "Neg", "Sub"}
+
+
+@pytest.fixture(scope="module")
+def branchy():
+    return ei.convert(parse_model(BRANCHY), optimize=0)
+
+
+@pytest.fixture(scope="module")
+def feeds():
+    return {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+
+
+def check_structure(plan) -> None:
+    """Each node in exactly one part, on that part's backend; parts connected and ordered so
+    that every part reads only graph inputs, constants and outputs of earlier parts."""
+    graph = plan.graph
+    seen = sorted(i for part in plan.parts for i in part.nodes)
+    assert seen == list(range(len(graph.nodes)))
+    available = set(graph.input_names) | set(graph.initializers)
+    for part in plan.parts:
+        assert {plan.assignment.backends[i] for i in part.nodes} == {part.backend}
+        assert set(part.inputs) <= available, f"{part.graph.name} reads a value made later"
+        available |= set(part.outputs)
+        _assert_connected(part)
+    assert set(graph.output_names) <= available
+
+
+def _assert_connected(part) -> None:
+    """Nodes are connected by an edge or by reading the same value."""
+    nodes = part.graph.nodes
+    produced = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    links = {i: set() for i in range(len(nodes))}
+    first_reader: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in node.inputs:
+            j = produced.get(name, first_reader.setdefault(name, i))
+            links[i].add(j)
+            links[j].add(i)
+    reached, stack = {0}, [0]
+    while stack:
+        for j in links[stack.pop()] - reached:
+            reached.add(j)
+            stack.append(j)
+    assert reached == set(links), f"{part.graph.name} is not connected"
+
+
+def test_every_placement_matches_numpy_alone(branchy, feeds):
+    reference = ei.Session(branchy, backend="numpy").run(feeds)
+    npu = RestrictedBackend("npu", ALL_OPS)
+    backends = [npu, *make_backends(["numpy"])]
+    count = len(branchy.graph.nodes)
+    for choice in itertools.product(["npu", "numpy"], repeat=count):
+        pinned = dict(enumerate(choice))
+        plan = make_plan(branchy.graph, backends, pinned=pinned)
+        check_structure(plan)
+        got = build_executor(plan, backends, threads=1).run(feeds)
+        for name, ref in reference.items():
+            assert_close(got[name], ref, name=f"{name} with placement {choice}")
+
+
+def test_dag_split_of_random_placements_matches_numpy(branchy, feeds):
+    reference = ei.Session(branchy, backend="numpy").run(feeds)
+    npu = RestrictedBackend("npu", ALL_OPS)
+    backends = [npu, *make_backends(["numpy"])]
+    rng = np.random.default_rng(5)
+    for _ in range(24):
+        pinned = dict(enumerate(rng.choice(["npu", "numpy"], len(branchy.graph.nodes))))
+        plan = make_plan(branchy.graph, backends, pinned=pinned, branches=True)
+        check_structure(plan)
+        runner = build_executor(plan, backends, threads=2, executor="dag")
+        got = runner.run(feeds)
+        runner.close()
+        for name, ref in reference.items():
+            assert_close(got[name], ref, name=f"{name} (dag) with placement {pinned}")
+
+
+def test_unsupported_ops_fall_back_to_numpy_with_reasons(branchy):
+    npu = RestrictedBackend("npu", {"Relu", "Add", "Mul", "Abs", "Neg", "Sub"})
+    plan = make_plan(branchy.graph, [npu, *make_backends(["numpy"])])
+    check_structure(plan)
+    on_numpy = {branchy.graph.nodes[i].op_type for i, b in enumerate(plan.assignment.backends) if b == "numpy"}
+    assert on_numpy == {"Sigmoid", "Tanh"}
+    text = plan.describe()
+    assert "fallbacks:" in text and "op Sigmoid is not among the ops this NPU runs" in text
+    # Relu | Sigmoid, Tanh | Add, Mul, Abs, Neg, Sub: Relu cannot join the rest (it would need
+    # numpy's output to come back into its own part: a cycle)
+    assert [(p.backend, len(p.nodes)) for p in plan.parts] == [("npu", 1), ("numpy", 2), ("npu", 5)]
+
+
+def test_independent_node_merges_where_no_cycle_forms():
+    model = ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] x, float[4] w) => (float[4] y)
+        {
+            a = Relu(x)
+            n = Sigmoid(a)
+            b = Abs(w)
+            y = Add(n, b)
+        }"""), optimize=0)
+    npu = RestrictedBackend("npu", {"Relu", "Abs", "Add"})
+    plan = make_plan(model.graph, [npu, *make_backends(["numpy"])])
+    check_structure(plan)
+    groups = sorted(sorted(model.graph.nodes[i].op_type for i in p.nodes) for p in plan.parts)
+    # Abs has no path through numpy, so it joins the Add after Sigmoid; Relu cannot
+    assert groups == [["Abs", "Add"], ["Relu"], ["Sigmoid"]]
+
+
+def test_branch_split_cuts_at_forks_and_joins(branchy):
+    plan = make_plan(branchy.graph, make_backends(["numpy"]))
+    assert len(plan.parts) == 1
+    split = split_branches(branchy.graph, plan.parts)
+    check_structure(make_plan(branchy.graph, make_backends(["numpy"]), branches=True))
+    ops = [[branchy.graph.nodes[i].op_type for i in p.nodes] for p in split]
+    assert ["Sigmoid"] in ops and ["Tanh"] in ops  # the two sides of the fork are separate parts
+
+
+def test_pinning_to_a_backend_that_cannot_run_the_node_is_an_error(branchy):
+    npu = RestrictedBackend("npu", {"Relu"})
+    with pytest.raises(BackendError, match="pinned to backend 'npu', which cannot run it"):
+        make_plan(branchy.graph, [npu, *make_backends(["numpy"])], pinned={1: "npu"})
+
+
+def test_session_with_a_backend_list_reports_its_plan(branchy, feeds):
+    npu = RestrictedBackend("npu", {"Relu", "Add", "Mul"})
+    session = ei.Session(branchy, backend=[npu, "numpy"])
+    assert set(session.plan.backend_names) == {"npu", "numpy"}
+    reference = ei.Session(branchy, backend="numpy").run(feeds)
+    for name, array in session.run(feeds).items():
+        assert_close(array, reference[name])
+    assert "parts" in session.stats()
+
+
+@pytest.mark.parametrize("backend, message", [
+    (["onnxruntime", "onnxruntime"], "more than once"),
+    (["auto", "numpy"], "cannot be part of a list"),
+    ("tensorrt", "unknown backend 'tensorrt'"),
+    ([], "expected a name"),
+])
+def test_bad_backend_choices_are_clear_errors(branchy, backend, message):
+    with pytest.raises(BackendError, match=message):
+        ei.Session(branchy, backend=backend)
