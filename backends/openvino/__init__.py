@@ -13,7 +13,7 @@ Engine options (``Session(model, backend="openvino", performance_hint="THROUGHPU
 - ``performance_hint``: ``"LATENCY"`` (default: one stream, every thread on one request),
   ``"THROUGHPUT"`` or ``"CUMULATIVE_THROUGHPUT"`` (several streams, for many concurrent
   requests: the executable keeps one infer request per calling thread);
-- ``precision``: ``INFERENCE_PRECISION_HINT``, ``"f32"`` (default on CPU and GPU, so results
+- ``precision``: ``INFERENCE_PRECISION_HINT``, ``"f32"`` (default on every device but an NPU, so results
   match the other backends within fp32 tolerances even on CPUs with bf16/AMX units, where
   OpenVINO would otherwise compute in bf16), ``"bf16"`` or ``"f16"``;
 - ``device_name``: an exact OpenVINO device string instead of the one ``device=`` maps to,

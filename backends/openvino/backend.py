@@ -114,7 +114,8 @@ class OpenVinoBackend(Backend):
         self.fallback = fallback
         requested = self.engine_options.get("device_name") or DEVICE_NAMES[device]
         self.device_name = resolve_device(requested, core().available_devices, fallback)
-        self.device = device if self.device_name == requested else "cpu"
+        kind = self.device_name.split(":")[0].split(".")[0]  # "GPU.1" -> GPU; "AUTO:GPU,CPU" -> AUTO
+        self.device = {name: key for key, name in DEVICE_NAMES.items()}.get(kind, device)
 
     def supports(self, node: Node, graph: Graph) -> str | None:
         reason = _static_reason(node, graph) or _float64_reason(node, graph)
@@ -180,7 +181,7 @@ def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | N
         else:
             log.debug("openvino: %s takes no thread count; threads=%d ignored", device_name, threads)
     precision = engine.get("precision")
-    if precision is None and device_name.split(".")[0] in ("CPU", "GPU"):
+    if precision is None and "NPU" not in device_name:  # an NPU computes in f16: leave it its own default
         precision = "f32"
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision

@@ -55,6 +55,12 @@ def test_is_an_installed_backend():
     assert "openvino" in installed_backends()
     backend = get_backend("openvino")
     assert backend.name == "openvino" and backend.device == "cpu" and backend.device_name == "CPU"
+    explicit = get_backend("openvino", device_name="AUTO:CPU")
+    assert explicit.device_name == "AUTO:CPU" and explicit.device == "cpu"
+    proto = zoo.mlp_symbolic_batch(seed=6)
+    feeds = zoo.example_inputs(proto, batch=2)
+    got = explicit.compile(ei.convert(proto, optimize=0).graph, CompileOptions()).run(feeds)
+    assert_matches(got, ort_direct(proto, feeds), "AUTO:CPU")
 
 
 def test_zoo_model_matches_onnxruntime(zoo_case):
