@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from bench_backends import max_relative_difference  # the sibling script (benchmarks/ is sys.path[0])
 
 import edgeinfer as ei
 from edgeinfer import zoo
@@ -62,14 +63,6 @@ def raw_openvino(proto: onnx.ModelProto, threads: int) -> Callable[[dict[str, np
         return {name: results[port] for name, port in zip(names, compiled.outputs, strict=True)}
 
     return run
-
-
-def max_relative_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
-    worst = 0.0
-    for name, value in ref.items():
-        scale = max(float(np.abs(value).max()), 1e-12)
-        worst = max(worst, float(np.abs(got[name].astype(np.float64) - value).max()) / scale)
-    return worst
 
 
 def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: int) -> dict[str, Any]:
