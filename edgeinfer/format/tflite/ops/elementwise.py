@@ -1,0 +1,206 @@
+"""Element-wise arithmetic and activations. Both TFLite and ONNX broadcast numpy-style, so an
+element-wise op runs in whatever axis order its computed input already has (an NHWC
+activation stays NHWC); a constant operand is transposed (and given leading 1-dims) to match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgeinfer.format.tflite.context import OpContext
+from edgeinfer.format.tflite.export import ExportError, export_rule, fused_code, identity
+from edgeinfer.ir import Graph, Node
+
+BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "DIV", "Max": "MAXIMUM", "Min": "MINIMUM",
+          "Pow": "POW"}
+BINARY_OPTIONS = {"ADD": "AddOptions", "SUB": "SubOptions", "MUL": "MulOptions", "DIV": "DivOptions"}
+UNARY = {"Exp": "EXP", "Log": "LOG", "Sqrt": "SQRT", "Abs": "ABS", "Neg": "NEG", "Floor": "FLOOR",
+         "Ceil": "CEIL", "Sin": "SIN", "Cos": "COS", "Elu": "ELU", "Round": "ROUND", "Sign": "SIGN"}
+# Activations with an int8 kernel whose output parameters are free (the rest are fixed below).
+SIMPLE_ACTIVATIONS = ("Relu", "HardSwish", "Gelu", "GeluTanh", "LeakyRelu")
+WRITABLE_ACTIVATIONS = ("", "Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Silu",
+                        "Gelu", "GeluTanh")
+
+
+def activation_support(node: Node) -> str | None:
+    activation = str(node.attrs.get("activation", ""))
+    if activation not in WRITABLE_ACTIVATIONS:
+        return f"fused activation {activation!r} has no TFLite equivalent"
+    return None
+
+
+def _scalar(ctx: OpContext, value: float, hint: str) -> int:
+    return ctx.constant(np.asarray(value, np.float32), hint)
+
+
+def write_activation(ctx: OpContext, x: int, shape: tuple, perm: tuple[int, ...], out: int, activation: str,
+                     params: Sequence[float]) -> None:
+    """``out = activation(x)`` for an IR activation (``edgeinfer.ir.lowering.ACTIVATIONS``)."""
+    code = fused_code(activation, params)
+    if activation in ("", "Relu", "Clip") and code is not None:
+        opcode = {0: None, 1: "RELU", 2: "RELU_N1_TO_1", 3: "RELU6"}[code]
+        if opcode is None:
+            ctx.op("RESHAPE", [x, ctx.int32([d if isinstance(d, int) else -1 for d in shape], "shape")], [out],
+                   version=1)
+        else:
+            ctx.op(opcode, [x], [out])
+    elif activation == "Clip" and tuple(float(p) for p in params) == (0.0, 1.0):
+        ctx.op("RELU_0_TO_1", [x], [out])
+    elif activation == "Clip":
+        lo, hi = (float(p) for p in params)
+        low = ctx.temp(shape, "clip_low") if np.isfinite(hi) else out
+        if np.isfinite(lo):
+            ctx.op("MAXIMUM", [x, _scalar(ctx, lo, "clip_min")], [low])
+        else:
+            low = x
+        if np.isfinite(hi):
+            ctx.op("MINIMUM", [low, _scalar(ctx, hi, "clip_max")], [out])
+    elif activation == "Relu" or activation in ("Sigmoid", "Tanh", "HardSwish"):
+        ctx.op({"Relu": "RELU", "Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HARD_SWISH"}[activation],
+               [x], [out])
+    elif activation in ("Gelu", "GeluTanh"):
+        ctx.op("GELU", [x], [out], options="GeluOptions", approximate=activation == "GeluTanh")
+    elif activation == "LeakyRelu":
+        ctx.op("LEAKY_RELU", [x], [out], options="LeakyReluOptions", alpha=float(params[0]))
+    elif activation == "Silu":
+        gate = ctx.temp(shape, "sigmoid")
+        ctx.op("LOGISTIC", [x], [gate])
+        ctx.op("MUL", [x, gate], [out], options="MulOptions", fused_activation_function=0)
+    elif activation == "HardSigmoid":
+        alpha, beta = (float(p) for p in params)
+        scaled, shifted = ctx.temp(shape, "hs_scaled"), ctx.temp(shape, "hs_shifted")
+        ctx.op("MUL", [x, _scalar(ctx, alpha, "alpha")], [scaled], options="MulOptions", fused_activation_function=0)
+        ctx.op("ADD", [scaled, _scalar(ctx, beta, "beta")], [shifted], options="AddOptions", fused_activation_function=0)
+        ctx.op("RELU_0_TO_1", [shifted], [out])
+    else:
+        raise ExportError(f"activation {activation!r} has no TFLite equivalent")
+
+
+# -- binary ---------------------------------------------------------------------------------------
+def binary_layout(ctx: OpContext) -> tuple[int, ...]:
+    """The axis order a binary op works in: a computed input's, unless a computed input of
+    lower rank would need reshaping (then the IR's)."""
+    return ctx.layout(0, 1)
+
+
+def _binary(opcode: str):
+    def export(ctx: OpContext) -> None:
+        perm = binary_layout(ctx)
+        inputs = [ctx.input(k, perm) for k in (0, 1)]
+        options = BINARY_OPTIONS.get(opcode)
+        extra = {"fused_activation_function": 0} if options else {}
+        ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
+
+    return export
+
+
+def check_binary(node: Node, graph: Graph) -> str | None:
+    ranks = [graph.values[name].rank for name in node.inputs if name]
+    if any(rank is None for rank in ranks):
+        return "operand ranks must be known"
+    if max(ranks, default=0) > 6:
+        return f"TFLite broadcasts up to rank 6, found rank {max(ranks)}"
+    return None
+
+
+for _op, _opcode in BINARY.items():
+    export_rule(_op, check=check_binary, int8="any" if _opcode in ("ADD", "SUB", "MUL") else "none")(_binary(_opcode))
+
+
+# -- unary and activations --------------------------------------------------------------------------
+def _unary(opcode: str):
+    def export(ctx: OpContext) -> None:
+        perm = ctx.layout(0)
+        ctx.op(opcode, [ctx.input(0, perm)], [ctx.output(0, perm)])
+
+    return export
+
+
+for _op, _opcode in UNARY.items():
+    export_rule(_op)(_unary(_opcode))
+
+
+def _ir_activation(node: Node, graph: Graph) -> tuple[str, tuple[float, ...]]:
+    op = node.op_type
+    if op == "Gelu":
+        return ("GeluTanh" if node.attrs.get("approximate", "none") == "tanh" else "Gelu"), ()
+    if op == "LeakyRelu":
+        return op, (float(node.attrs.get("alpha", 0.01)),)
+    if op == "HardSigmoid":
+        return op, (float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5)))
+    if op == "Clip":
+        return op, _clip_bounds(node, graph)
+    return op, ()
+
+
+def _clip_bounds(node: Node, graph: Graph) -> tuple[float, float]:
+    if "min" in node.attrs or "max" in node.attrs:  # opset < 11
+        return float(node.attrs.get("min", -np.inf)), float(node.attrs.get("max", np.inf))
+    bounds = []
+    for k, default in ((1, -np.inf), (2, np.inf)):
+        name = node.inputs[k] if k < len(node.inputs) else ""
+        if not name:
+            bounds.append(default)
+            continue
+        value = graph.values.get(name)
+        if value is None or value.const is None:
+            raise ExportError("Clip bounds must be constants")
+        bounds.append(float(value.const))
+    return tuple(bounds)
+
+
+def check_clip(node: Node, graph: Graph) -> str | None:
+    try:
+        _clip_bounds(node, graph)
+    except ExportError as exc:
+        return str(exc)
+    return None
+
+
+def _activation_rule(ctx: OpContext) -> None:
+    activation, params = _ir_activation(ctx.node, ctx.exp.graph)
+    perm = ctx.layout(0)
+    shape = tuple(ctx.out_shape()[a] for a in perm)
+    write_activation(ctx, ctx.input(0, perm), shape, perm, ctx.output(0, perm), activation, params)
+
+
+export_rule(("Relu", "HardSwish", "LeakyRelu"), int8="any")(_activation_rule)
+export_rule("Gelu", since=20, int8="any")(_activation_rule)
+export_rule("Gelu", domain="edgeinfer", int8="any")(_activation_rule)
+export_rule("Clip", check=check_clip)(_activation_rule)
+export_rule("Sigmoid", int8="fixed", fixed=(1 / 256, -128))(_activation_rule)
+export_rule("Tanh", int8="fixed", fixed=(1 / 128, 0))(_activation_rule)
+export_rule("HardSigmoid")(_activation_rule)
+
+
+@export_rule("Reciprocal")
+def reciprocal(ctx: OpContext) -> None:
+    perm = ctx.layout(0)
+    ctx.op("DIV", [_scalar(ctx, 1.0, "one"), ctx.input(0, perm)], [ctx.output(0, perm)], options="DivOptions",
+           fused_activation_function=0)
+
+
+# -- softmax ----------------------------------------------------------------------------------------
+def _softmax(opcode: str):
+    def export(ctx: OpContext) -> None:
+        rank = ctx.rank(0)
+        axis = int(ctx.attrs.get("axis", -1)) % rank
+        perm = ctx.layout(0)
+        if perm[-1] != axis:  # TFLite normalizes the last axis
+            perm = tuple(a for a in identity(rank) if a != axis) + (axis,)
+        options = {"options": "SoftmaxOptions", "beta": 1.0} if opcode == "SOFTMAX" else {}
+        ctx.op(opcode, [ctx.input(0, perm)], [ctx.output(0, perm)], **options)
+
+    return export
+
+
+def check_softmax(node: Node, graph: Graph) -> str | None:
+    if graph.opset.get("", 17) < 13:
+        return "Softmax before opset 13 flattens to 2-D (coerced); upgrade the model's opset"
+    return None
+
+
+export_rule("Softmax", check=check_softmax, int8="fixed", fixed=(1 / 256, -128))(_softmax("SOFTMAX"))
+export_rule("LogSoftmax", check=check_softmax, int8="fixed", fixed=(16 / 256, 127))(_softmax("LOG_SOFTMAX"))

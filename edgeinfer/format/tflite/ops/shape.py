@@ -1,0 +1,147 @@
+"""Reshape-like ops, concatenation, gather, slice and cast.
+
+Reshapes run on the IR's own axis order (a reshape of an NHWC tensor reads it back in NCHW
+first: the one place a layout change costs a TRANSPOSE). Concatenation and slicing work in
+any order, with their axes mapped through it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.format.tflite.context import OpContext
+from edgeinfer.format.tflite.export import ExportError, export_rule
+from edgeinfer.ir import Graph, Node
+
+INT32_MAX = 2**31 - 1
+
+
+def new_shape(shape: tuple) -> list[int]:
+    """A RESHAPE target from the IR's inferred output shape (one unknown dim becomes -1)."""
+    unknown = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+    if len(unknown) > 1:
+        raise ExportError(f"the output shape {shape} has more than one dim unknown at export")
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def check_reshape(node: Node, graph: Graph) -> str | None:
+    y = graph.values.get(node.outputs[0])
+    if y is None or y.shape is None:
+        return "the output shape must be known"
+    if len([d for d in y.shape if not isinstance(d, int)]) > 1:
+        return f"the output shape {y.shape} has more than one dim unknown at export"
+    return None
+
+
+@export_rule(("Reshape", "Flatten", "Squeeze", "Unsqueeze"), check=check_reshape, int8="same", int8_inputs=(0,))
+def reshape(ctx: OpContext) -> None:
+    shape = ctx.int32(new_shape(ctx.out_shape()), "shape")
+    ctx.op("RESHAPE", [ctx.input(0), shape], [ctx.output(0)], version=1)
+
+
+def check_concat(node: Node, graph: Graph) -> str | None:
+    ranks = {graph.values[name].rank for name in node.inputs if name}
+    if None in ranks or len(ranks) != 1:
+        return "all inputs must have the same known rank"
+    return None
+
+
+@export_rule("Concat", check=check_concat, int8="any")
+def concat(ctx: OpContext) -> None:
+    ks = [k for k in range(len(ctx.node.inputs)) if ctx.has(k)]
+    perm = ctx.layout(*ks)
+    axis = perm.index(int(ctx.attrs["axis"]) % len(perm))
+    inputs = [ctx.input(k, perm) for k in ks]
+    if ctx.int8:  # TFLite's int8 kernel needs every input on the output's scale
+        wanted = ctx.out_quant()
+        for index, k in enumerate(ks):
+            if not ctx.quant(k).same(wanted):
+                requantized = ctx.temp(tuple(ctx.shape(k)[a] for a in perm), f"requant{k}", quant=wanted)
+                ctx.op("QUANTIZE", [inputs[index]], [requantized], version=2)
+                inputs[index] = requantized
+    ctx.op("CONCATENATION", inputs, [ctx.output(0, perm)], options="ConcatenationOptions", axis=axis,
+           fused_activation_function=0)
+
+
+def check_gather(node: Node, graph: Graph) -> str | None:
+    data, indices = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
+    if data is None or data.rank is None or indices is None or indices.rank is None:
+        return "data and indices ranks must be known"
+    if indices.const is not None:
+        axis = int(node.attrs.get("axis", 0)) % data.rank
+        size = data.shape[axis]
+        if (indices.const < 0).any() and not isinstance(size, int):
+            return "negative indices into a dynamic dim cannot be resolved at export"
+    return None
+
+
+@export_rule("Gather", check=check_gather, int8="same", int8_inputs=(0,))
+def gather(ctx: OpContext) -> None:
+    axis = int(ctx.attrs.get("axis", 0)) % ctx.rank(0)
+    indices = ctx.const(1)
+    if indices is not None:
+        size = ctx.shape(0)[axis]
+        indices = np.where(indices < 0, indices + (size if isinstance(size, int) else 0), indices)
+        index_tensor = ctx.constant(indices.astype(np.int32), "indices")
+    else:
+        index_tensor = ctx.float_input(1)
+    ctx.op("GATHER", [ctx.input(0), index_tensor], [ctx.output(0)], options="GatherOptions", axis=axis,
+           batch_dims=0)
+
+
+def check_slice(node: Node, graph: Graph) -> str | None:
+    if graph.values[node.inputs[0]].rank is None:
+        return "the input rank must be known"
+    if any(graph.values[name].const is None for name in node.inputs[1:] if name):
+        return "starts, ends, axes and steps must be constants"
+    if "starts" in node.attrs:
+        return "Slice before opset 10 (attributes) is not exported"
+    return None
+
+
+def _clamp(value: int) -> int:
+    return max(-INT32_MAX, min(INT32_MAX, value))
+
+
+@export_rule("Slice", since=10, check=check_slice, int8="same", int8_inputs=(0,))
+def slice_(ctx: OpContext) -> None:
+    rank = ctx.rank(0)
+    starts, ends = (ctx.const(k).reshape(-1).astype(np.int64) for k in (1, 2))
+    axes = ctx.const(3).reshape(-1).astype(np.int64) % rank if ctx.has(3) else np.arange(len(starts))
+    steps = ctx.const(4).reshape(-1).astype(np.int64) if ctx.has(4) else np.ones(len(starts), np.int64)
+    perm = ctx.layout(0)
+    begin, end, stride = [0] * rank, [0] * rank, [1] * rank
+    begin_mask = end_mask = 0
+    for position, axis in enumerate(perm):
+        if axis not in axes:
+            begin_mask |= 1 << position
+            end_mask |= 1 << position
+            continue
+        index = list(axes).index(axis)
+        step = int(steps[index])
+        start, stop = int(starts[index]), int(ends[index])
+        stride[position] = step
+        begin[position] = _clamp(start)
+        if (step > 0 and stop >= INT32_MAX) or (step < 0 and stop <= -INT32_MAX):
+            end_mask |= 1 << position  # "to the end" (ONNX writes INT64_MAX / INT64_MIN)
+        else:
+            size = ctx.shape(0)[axis]
+            if step < 0 and isinstance(size, int) and stop < -size:
+                end_mask |= 1 << position
+            end[position] = _clamp(stop)
+    ctx.op("STRIDED_SLICE", [ctx.input(0, perm), ctx.int32(begin, "begin"), ctx.int32(end, "end"),
+                             ctx.int32(stride, "strides")], [ctx.output(0, perm)], options="StridedSliceOptions",
+           begin_mask=begin_mask, end_mask=end_mask)
+
+
+@export_rule("Cast")
+def cast(ctx: OpContext) -> None:
+    from edgeinfer.format.tflite.schema import TENSOR_TYPE_CODES
+
+    perm = ctx.layout(0)
+    source, target = ctx.dtype(0), ctx.exp.dtype(ctx.node.outputs[0])
+    if source not in TENSOR_TYPE_CODES or target not in TENSOR_TYPE_CODES:
+        raise ExportError(f"a cast from {source} to {target} has no TFLite tensor types")
+    ctx.op("CAST", [ctx.float_input(0, perm)], [ctx.output(0, perm)], options="CastOptions",
+           in_data_type=TENSOR_TYPE_CODES[source], out_data_type=TENSOR_TYPE_CODES[target])
+
