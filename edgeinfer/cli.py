@@ -224,6 +224,10 @@ def inspect(model_path: Path, show_graph: bool) -> None:
                + ", ".join(f"{k} {v:,}" for k, v in summary["weight_dtypes"].items()) + ")")
     click.echo(f"flops   {summary['flops']:,.0f} (batch 1)")
     click.echo("ops     " + ", ".join(f"{op} x{count}" for op, count in summary["ops"].items()))
+    if model_path.suffix.lower() == ".eim":
+        from edgeinfer.format.sizes import size_breakdown
+
+        click.echo("\n".join(size_breakdown(model_path).lines()))
     if show_graph:
         click.echo(str(model.graph))
 
