@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -62,23 +63,49 @@ def _refuse(where: str, expected: str, value: Any) -> ModelFormatError:
 
 
 class TensorTable:
-    """The tensors a document refers to, one entry per distinct array object.
+    """The tensors a document refers to, one entry per distinct content.
 
     An array used in several places (tied weights, a constant shared by two subgraphs) is
-    stored once and comes back from the file as one shared array.
+    stored once and comes back from the file as one shared array; so are distinct arrays of
+    the same dtype, shape and bytes (the zero points of several quantized layers, repeated
+    shape constants). Loaded arrays are read-only, so sharing them changes nothing a graph
+    can observe. Only arrays whose dtype and shape collide with another's are hashed.
     """
 
     def __init__(self) -> None:
         self.arrays: list[np.ndarray] = []
         self._index: dict[int, int] = {}
+        self._by_kind: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        self._digests: dict[int, bytes] = {}
+        self._alive: list[np.ndarray] = []  # every array seen, so that no id is reused while the table lives
 
     def ref(self, array: np.ndarray, where: str) -> int:
         index = self._index.get(id(array))
         if index is None:
             _check_savable(array, where)
-            index = self._index[id(array)] = len(self.arrays)
-            self.arrays.append(array)  # keeps the array alive, so its id stays unique
+            index = self._index[id(array)] = self._same_content(array)
+            if index == len(self.arrays):
+                self.arrays.append(array)
+            self._alive.append(array)
         return index
+
+    def _same_content(self, array: np.ndarray) -> int:
+        """The index of a stored array with the same dtype, shape and bytes, or the next index."""
+        if array.dtype == object or array.dtype.kind in "US":
+            return len(self.arrays)
+        candidates = self._by_kind.setdefault((array.dtype.str, array.shape), [])
+        if candidates:
+            digest = self._digest(array)
+            for index in candidates:
+                if self._digests.setdefault(index, self._digest(self.arrays[index])) == digest:
+                    return index
+            self._digests[len(self.arrays)] = digest
+        candidates.append(len(self.arrays))
+        return len(self.arrays)
+
+    @staticmethod
+    def _digest(array: np.ndarray) -> bytes:
+        return hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=32).digest()
 
 
 def _check_savable(array: np.ndarray, where: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from edgeinfer.testing import parse_model
 # The layout as documented in edgeinfer/format/eim.py, restated here on purpose: the tests
 # check the file against the documentation, not against the writer's own constants.
 HEADER = struct.Struct("<4sHHIIQQQ32s")
+COMPRESSED = 1  # header flag bit 0: the document is stored zlib-compressed
 
 
 @dataclass
@@ -35,7 +37,7 @@ class EimFile:
     data_offset: int
     data_length: int
     digest: bytes
-    json_bytes: bytes
+    json_bytes: bytes  # the document as stored (compressed when flags has COMPRESSED)
     data: bytes
     document: dict[str, Any] = field(default_factory=dict)
 
@@ -45,15 +47,26 @@ class EimFile:
         json_length, data_offset, data_length = fields[5], fields[6], fields[7]
         json_bytes = raw[HEADER.size:HEADER.size + json_length]
         data = raw[data_offset:data_offset + data_length]
-        return cls(*fields, json_bytes, data, json.loads(json_bytes))
+        text = zlib.decompress(json_bytes) if fields[3] & COMPRESSED else json_bytes
+        return cls(*fields, json_bytes, data, json.loads(text))
+
+    @property
+    def text(self) -> bytes:
+        """The document's JSON text (decompressed)."""
+        return zlib.decompress(self.json_bytes) if self.flags & COMPRESSED else self.json_bytes
 
     @classmethod
     def read(cls, path: Path) -> EimFile:
         return cls.parse(path.read_bytes())
 
     def pack(self, *, json_bytes: bytes | None = None, reseal: bool = True, **header: Any) -> bytes:
-        """The file bytes; the JSON is ``json_bytes`` or the (possibly edited) document."""
-        text = json_bytes if json_bytes is not None else json.dumps(self.document).encode()
+        """The file bytes; the stored document is ``json_bytes`` as given, or the (possibly edited)
+        document, compressed when the (possibly overridden) flags say so."""
+        text = json_bytes
+        if text is None:
+            text = json.dumps(self.document).encode()
+            if header.get("flags", self.flags) & COMPRESSED:
+                text = zlib.compress(text)
         data_offset = -(-(HEADER.size + len(text)) // 64) * 64
         values = {"magic": self.magic, "major": self.major, "minor": self.minor, "flags": self.flags,
                   "reserved": self.reserved, "json_length": len(text), "data_offset": data_offset,

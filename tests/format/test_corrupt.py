@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -91,16 +92,16 @@ def test_wrong_magic(parsed, tmp_path):
 
 
 def test_newer_major_version(parsed, tmp_path):
-    parsed.document["version"] = [2, 0]
-    load_fails(write(tmp_path, parsed.pack(major=2)), "newer edgeinfer")
+    parsed.document["version"] = [3, 0]
+    load_fails(write(tmp_path, parsed.pack(major=3)), "newer edgeinfer")
 
 
 def test_older_major_version(parsed, tmp_path):
-    load_fails(write(tmp_path, parsed.pack(major=0)), "expected major version 1")
+    load_fails(write(tmp_path, parsed.pack(major=0)), "expected major version 1 or 2")
 
 
 def test_newer_minor_version_with_new_fields_is_readable(parsed, tmp_path, small_model):
-    parsed.document["version"] = [1, 7]
+    parsed.document["version"] = [2, 7]
     parsed.document["future_field"] = {"anything": [1, 2]}
     parsed.document["graph"]["nodes"][0]["future_node_field"] = True
     loaded = ei.load(write(tmp_path, parsed.pack(minor=7)))
@@ -112,9 +113,14 @@ def test_unknown_field_in_current_version(parsed, tmp_path):
     load_fails(write(tmp_path, parsed.pack()), "unknown 'surprise'")
 
 
-@pytest.mark.parametrize("field", ["flags", "reserved"])
-def test_unknown_flags(parsed, tmp_path, field):
-    load_fails(write(tmp_path, parsed.pack(**{field: 1})), "expected 0")
+@pytest.mark.parametrize("field, value", [("flags", 2), ("flags", 0x80000001), ("reserved", 1)])
+def test_unknown_flags(parsed, tmp_path, field, value):
+    load_fails(write(tmp_path, parsed.pack(**{field: value})), r"expected flags within 0x1 and reserved 0")
+
+
+def test_version_1_defines_no_flags(parsed, tmp_path):
+    parsed.document["version"] = [1, 0]
+    load_fails(write(tmp_path, parsed.pack(major=1, minor=0)), "expected flags within 0x0")
 
 
 def test_json_length_past_end_of_file(parsed, tmp_path):
@@ -134,8 +140,36 @@ def test_data_length_disagrees_with_file_size(parsed, tmp_path):
 
 
 def test_bad_checksum(parsed, tmp_path):
-    text = parsed.json_bytes.replace(b'"small"', b'"smell"')
-    load_fails(write(tmp_path, parsed.pack(json_bytes=text, reseal=False)), "checksum")
+    stored = bytearray(parsed.json_bytes)
+    stored[len(stored) // 2] ^= 0x10
+    load_fails(write(tmp_path, parsed.pack(json_bytes=bytes(stored), reseal=False)), "checksum")
+
+
+def test_bad_checksum_of_a_plain_document(parsed, tmp_path):
+    text = parsed.text.replace(b'"small"', b'"smell"')
+    load_fails(write(tmp_path, parsed.pack(json_bytes=text, flags=0, reseal=False)), "checksum")
+
+
+# -- the compressed document -----------------------------------------------------------------------
+@pytest.mark.parametrize("stored, match", [
+    (b"not zlib at all", "fails to inflate"),
+    (zlib.compress(b"{}")[:-3], "truncated stream"),
+    (zlib.compress(b"{}") + b"tail", "4 bytes after its end"),
+])
+def test_corrupt_compressed_document(parsed, tmp_path, stored, match):
+    load_fails(write(tmp_path, parsed.pack(json_bytes=stored)), match)
+
+
+def test_document_inflating_past_the_limit_is_refused(parsed, tmp_path, monkeypatch):
+    from edgeinfer.format import eim
+
+    monkeypatch.setattr(eim, "MAX_JSON_BYTES", len(parsed.text) - 1)
+    load_fails(write(tmp_path, parsed.pack()), "at most .* bytes once inflated")
+
+
+def test_plain_document_in_version_2_is_readable(parsed, tmp_path, small_model):
+    loaded = ei.load(write(tmp_path, parsed.pack(json_bytes=parsed.text, flags=0)))
+    assert loaded.graph.content_hash() == small_model.graph.content_hash()
 
 
 # -- the JSON document -----------------------------------------------------------------------------
@@ -150,8 +184,10 @@ def test_bad_checksum(parsed, tmp_path):
     (b'{"a": 1' + b"0" * 5000 + b"}", "JSON document"),  # an integer too long to convert
     (b"{}", "missing format, version, metadata, tensors, graph"),
 ])
-def test_invalid_json(parsed, tmp_path, text, match):
-    load_fails(write(tmp_path, parsed.pack(json_bytes=text)), match)
+@pytest.mark.parametrize("compressed", [True, False])
+def test_invalid_json(parsed, tmp_path, text, match, compressed):
+    stored = zlib.compress(text) if compressed else text
+    load_fails(write(tmp_path, parsed.pack(json_bytes=stored, flags=int(compressed))), match)
 
 
 def test_format_name_and_version_must_match(parsed, tmp_path):
@@ -170,7 +206,7 @@ def first_numeric(document) -> dict:
 
 @pytest.mark.parametrize("edit, match", [
     (lambda t: t.update(offset=t["offset"] + 10**6 * 64), "offset"),
-    (lambda t: t.update(offset=8), "a multiple of 64"),
+    (lambda t: t.update(offset=2), "a multiple of 4 "),
     (lambda t: t.update(shape=[4]), "nbytes"),
     (lambda t: t.update(shape=[-1]), r"shape\[0\]"),
     (lambda t: t.update(shape=[2**40, 2**40, 2**40]), "nbytes"),
@@ -193,8 +229,8 @@ def test_tensor_ending_past_the_data_section(parsed, tmp_path):
     def edit(document):
         entry = first_numeric(document)
         assert entry["dtype"] == "float32"
-        entry["offset"] = parsed.data_length - 64  # aligned, in bounds, but its bytes run past the end
-        entry["shape"], entry["nbytes"] = [32], 128
+        entry["offset"] = (parsed.data_length - 1) // 4 * 4  # aligned, in bounds, but its bytes run past the end
+        entry["shape"], entry["nbytes"] = [3], 12
     load_fails(tampered(tmp_path, parsed, edit), "within the")
 
 
@@ -420,6 +456,6 @@ def test_fuzz_json_text(saved, tmp_path, eim_file):
 
 
 def test_documents_written_here_are_valid_json_for_other_readers(saved, eim_file):
-    text = eim_file.read(saved).json_bytes.decode("ascii")
+    text = eim_file.read(saved).text.decode("ascii")
     assert "NaN" not in text and "Infinity" not in text
     json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import mmap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,26 +177,66 @@ def test_weights_are_read_only_views_of_the_file_mapping(tmp_path, rng, identity
 def test_layout_is_aligned_and_exactly_sized(tmp_path, rng, identity_graph, eim_file):
     sizes = (1, 17, 0, 64, 3)
     arrays = {f"t{i}": rng.standard_normal(size).astype(np.float32) for i, size in enumerate(sizes)}
-    arrays["b"] = np.array([True, False, True])
+    arrays.update(b=np.array([True, False, True]), d=np.array([2.5, -1.0]), h=np.ones(5, np.float16))
     path = tmp_path / "layout.eim"
     ei.Model(identity_graph(arrays)).save(path)
     raw = path.read_bytes()
     parsed = eim_file.parse(raw)
-    assert parsed.magic == b"EIM\x00" and (parsed.major, parsed.minor) == (1, 0)
-    assert parsed.document["version"] == [1, 0]
+    assert parsed.magic == b"EIM\x00" and (parsed.major, parsed.minor) == (2, 0)
+    assert parsed.document["version"] == [2, 0]
     assert parsed.data_offset % 64 == 0 and parsed.data_offset >= HEADER_SIZE + parsed.json_length
     assert parsed.data_offset + parsed.data_length == len(raw)
     entries = parsed.document["tensors"]
     assert len(entries) == len(arrays)
-    ends = []
+    spans = []
     for entry, want in zip(entries, arrays.values(), strict=True):
-        assert entry["offset"] % 64 == 0
+        # 64 bytes or more at a multiple of 64, smaller tensors at a multiple of their element size
+        assert entry["offset"] % (64 if want.nbytes >= 64 else want.itemsize) == 0
         assert entry["nbytes"] == want.nbytes
-        ends.append((entry["offset"], entry["offset"] + entry["nbytes"]))
+        spans.append((entry["offset"], entry["offset"] + entry["nbytes"], want.nbytes >= 64))
         start = entry["offset"]
         assert parsed.data[start:start + entry["nbytes"]] == want.tobytes()
-    ends.sort()
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(ends))
+    spans.sort()
+    assert all(a_end <= b_start for (_, a_end, _), (b_start, _, _) in itertools.pairwise(spans))
+    assert [large for *_, large in spans] == sorted((large for *_, large in spans), reverse=True)
+    assert parsed.data_length == spans[-1][1]  # no padding after the last tensor
+    small = [(start, end) for start, end, large in spans if not large and end > start]
+    assert all(a_end == b_start for (_, a_end), (b_start, _) in itertools.pairwise(small))  # packed, no gaps
+
+
+def test_version_1_files_still_load(tmp_path, small_model, if_model, identity_graph, eim_file):
+    """Files written by the 1.0 writer (every tensor 64-aligned, plain JSON document)."""
+    data = Path(__file__).parent / "data"
+    for name, model in (("small", small_model), ("branchy", if_model)):
+        parsed = eim_file.read(data / f"{name}_v1.eim")
+        assert (parsed.major, parsed.minor, parsed.flags) == (1, 0, 0)
+        assert all(t["offset"] % 64 == 0 for t in parsed.document["tensors"] if "offset" in t)
+        loaded = ei.load(data / f"{name}_v1.eim")
+        assert_same_graph(loaded.graph, model.graph)
+        assert all(mapped_buffer(a) is not None for a in loaded.graph.initializers.values() if a.size)
+    mixed = ei.load(data / "mixed_v1.eim")
+    assert {k: v.dtype.name for k, v in mixed.graph.initializers.items()} == {
+        "w": "float32", "scale": "float32", "zp": "uint8", "ids": "int64", "half": "float16"}
+    resaved = tmp_path / "mixed_v2.eim"
+    mixed.save(resaved)
+    assert resaved.stat().st_size < (data / "mixed_v1.eim").stat().st_size
+    assert_same_graph(ei.load(resaved).graph, mixed.graph)
+
+
+def test_identical_constants_are_stored_once(tmp_path, rng, identity_graph, eim_file):
+    weight = rng.standard_normal((8, 8)).astype(np.float32)
+    arrays = {"zp_a": np.zeros(16, np.int8), "zp_b": np.zeros(16, np.int8), "zp_other_dtype": np.zeros(16, np.uint8),
+              "w": weight, "w_copy": weight.copy(), "w_other": weight + 1, "neg_zero": np.full(16, -0.0, np.float32),
+              "zero": np.zeros(16, np.float32)}
+    path = tmp_path / "dedup.eim"
+    ei.Model(identity_graph(arrays)).save(path)
+    assert len(eim_file.read(path).document["tensors"]) == len(arrays) - 2  # zp_b and w_copy
+    loaded = ei.load(path).graph.initializers
+    assert loaded["zp_a"] is loaded["zp_b"] and loaded["w"] is loaded["w_copy"]
+    assert loaded["zp_other_dtype"].dtype == np.uint8 and loaded["w_other"] is not loaded["w"]
+    assert np.signbit(loaded["neg_zero"]).all() and not np.signbit(loaded["zero"]).any()  # bytes, not values
+    for key, want in arrays.items():
+        assert_close(loaded[key], want, name=key)
 
 
 def test_tied_weights_are_stored_once_and_stay_shared(tmp_path, rng, eim_file):
@@ -228,8 +269,8 @@ def test_saving_is_deterministic(small_model, tmp_path):
 
 def test_document_is_plain_json_with_no_executable_content(saved, eim_file):
     parsed = eim_file.read(saved)
-    assert parsed.json_bytes.isascii()
-    text = parsed.json_bytes.decode()
+    assert parsed.text.isascii()
+    text = parsed.text.decode()
     assert json.loads(text) == parsed.document
     assert "pickle" not in text and "__" not in text
 
