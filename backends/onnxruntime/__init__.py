@@ -21,6 +21,7 @@ from edgeinfer.backends.onnxruntime.backend import (
     ENGINE_OPTIONS,
     OnnxRuntimeBackend,
     OnnxRuntimeExecutable,
+    device_providers,
 )
 from edgeinfer.backends.onnxruntime.lowerings import LOWERINGS, lower_graph, lowering
 
@@ -37,6 +38,7 @@ __all__ = [
     "OnnxRuntimeBackend",
     "OnnxRuntimeExecutable",
     "create_backend",
+    "device_providers",
     "lower_graph",
     "lowering",
 ]
