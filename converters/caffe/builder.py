@@ -21,8 +21,10 @@ from edgeinfer.converters.caffe.caffemodel import LayerWeights
 from edgeinfer.converters.caffe.prototxt import LayerSpec
 from edgeinfer.errors import ConversionError, ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
+from edgeinfer.ir.graph import EDGEINFER_DOMAIN
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.onnx_io import EDGEINFER_OPSET_VERSION
 from edgeinfer.registry import OpRegistry
 
 OPSET = 17
@@ -116,7 +118,7 @@ class NetBuilder:
         reads = dict.fromkeys(i for n in nodes for i in n.inputs if i and i not in produced)
         inputs = [Value(n, "float32", self.shapes.get(n)) for n in reads if n not in self.consts]
         graph = Graph(nodes, inputs, [Value(o) for o in produced],
-                      {n: self.consts[n] for n in reads if n in self.consts}, opset={"": OPSET})
+                      {n: self.consts[n] for n in reads if n in self.consts}, opset=self._opset(nodes))
         infer_types(graph)
         for name in produced:
             shape = graph.values[name].shape
@@ -142,7 +144,15 @@ class NetBuilder:
         inputs = self.inputs
         if self.dynamic_batch:  # shapes were tracked for the declared batch; the graph takes any
             inputs = [Value(v.name, v.dtype, ("N", *v.shape[1:])) for v in inputs]
-        return Graph(nodes, inputs, outputs, self.consts, opset={"": OPSET}, name=name)
+        return Graph(nodes, inputs, outputs, self.consts, opset=self._opset(nodes), name=name)
+
+    @staticmethod
+    def _opset(nodes: Sequence[Node]) -> dict[str, int]:
+        """ONNX's opset, plus the edgeinfer domain where a rule emitted one of its ops."""
+        opset = {"": OPSET}
+        if any(n.domain == EDGEINFER_DOMAIN for n in nodes):
+            opset[EDGEINFER_DOMAIN] = EDGEINFER_OPSET_VERSION
+        return opset
 
 
 class LayerContext:
@@ -231,9 +241,11 @@ class LayerContext:
         return self.const(np.asarray(values, dtype=np.int64), suffix, np.int64)
 
     def node(self, op_type: str, inputs: Sequence[str], attrs: dict[str, Any] | None = None, *,
-             top: int | None = None, tops: Sequence[int] | None = None, suffix: str | None = None) -> str:
-        """Emit one op. Its output is top ``top`` of the layer, the tops ``tops`` (an op with
-        several outputs), or else a fresh intermediate value. Returns the (first) output."""
+             top: int | None = None, tops: Sequence[int] | None = None, suffix: str | None = None,
+             domain: str = "") -> str:
+        """Emit one op (of ``domain``; ONNX's by default). Its output is top ``top`` of the
+        layer, the tops ``tops`` (an op with several outputs), or else a fresh intermediate
+        value. Returns the (first) output."""
         indices = list(tops) if tops is not None else [top] if top is not None else []
         if indices:
             outputs = [self._top_value(i) for i in indices]
@@ -243,7 +255,8 @@ class LayerContext:
         else:
             outputs = [self.builder.fresh(f"{self.name}/{suffix or op_type.lower()}")]
             node_name = outputs[0]
-        self.builder.nodes.append(Node(op_type, list(inputs), outputs, attrs or {}, name=node_name))
+        self.builder.nodes.append(Node(op_type, list(inputs), outputs, attrs or {}, name=node_name,
+                                       domain=domain))
         return outputs[0]
 
     def _top_value(self, index: int) -> str:

@@ -131,6 +131,7 @@ message LayerParameter {
   optional TileParameter tile_param = 138;
   optional PermuteParameter permute_param = 202;
   optional PriorBoxParameter prior_box_param = 203;
+  optional DetectionOutputParameter detection_output_param = 204;
   optional NormalizeParameter norm_param = 206;
   optional InterpParameter interp_param = 2210;
   optional UpsampleParameter upsample_param = 2211;
@@ -411,6 +412,38 @@ message PriorBoxParameter {
   optional float offset = 13 [default = 0.5];
 }
 
+message NonMaximumSuppressionParameter {
+  optional float nms_threshold = 1 [default = 0.3];
+  optional int32 top_k = 2;
+  optional float eta = 3 [default = 1.0];
+}
+
+message SaveOutputParameter {
+  optional string output_directory = 1;
+  optional string output_name_prefix = 2;
+  optional string output_format = 3;
+  optional string label_map_file = 4;
+  optional string name_size_file = 5;
+  optional uint32 num_test_image = 6;
+}
+
+message DetectionOutputParameter {
+  optional uint32 num_classes = 1;
+  optional bool share_location = 2 [default = true];
+  optional int32 background_label_id = 3 [default = 0];
+  optional NonMaximumSuppressionParameter nms_param = 4;
+  optional SaveOutputParameter save_output_param = 5;
+  optional PriorBoxParameter.CodeType code_type = 6 [default = CORNER];
+  optional int32 keep_top_k = 7 [default = -1];
+  optional bool variance_encoded_in_target = 8 [default = false];
+  optional float confidence_threshold = 9;
+  optional bool normalized_bbox = 10 [default = true];
+  optional bool clip = 1000 [default = false];
+  optional bool visualize = 1010 [default = false];
+  optional float visualize_threshold = 1011;
+  optional string save_file = 1012;
+}
+
 message NormalizeParameter {
   optional bool across_spatial = 1 [default = true];
   optional FillerParameter scale_filler = 2;
@@ -575,10 +608,12 @@ def _compile(source: str) -> descriptor_pb2.FileDescriptorProto:
 def _resolve_types(file_proto: descriptor_pb2.FileDescriptorProto,
                    fields: list[tuple[descriptor_pb2.FieldDescriptorProto, str]]) -> None:
     """Type every field; an enum name resolves to the enum nested in the field's own message
-    first (several messages declare an ``Engine``), then to a top-level enum."""
+    first (several messages declare an ``Engine``), then to a top-level enum; ``Message.Enum``
+    names an enum nested in another message."""
     owner_of = {id(f): m for m in file_proto.message_type for f in m.field}
     top_level = {e.name for e in file_proto.enum_type}
     messages = {m.name for m in file_proto.message_type}
+    nested = {f"{m.name}.{e.name}" for m in file_proto.message_type for e in m.enum_type}
     for field, type_name in fields:
         if type_name in _SCALARS:
             field.type = _SCALARS[type_name]
@@ -587,7 +622,7 @@ def _resolve_types(file_proto: descriptor_pb2.FileDescriptorProto,
         if type_name in {e.name for e in owner.enum_type}:
             field.type = descriptor_pb2.FieldDescriptorProto.TYPE_ENUM
             field.type_name = f".{PACKAGE}.{owner.name}.{type_name}"
-        elif type_name in top_level:
+        elif type_name in top_level or type_name in nested:
             field.type = descriptor_pb2.FieldDescriptorProto.TYPE_ENUM
             field.type_name = f".{PACKAGE}.{type_name}"
         elif type_name in messages:

@@ -387,4 +387,5 @@ def lower_attention(node: Node, ctx: LoweringContext) -> Lowered:
     return out
 
 
+from edgeinfer.ir import lowering_detection  # noqa: E402,F401,I001  (registers edgeinfer::CaffeDetectionOutput)
 from edgeinfer.ir import lowering_tflite  # noqa: E402,F401  (registers the edgeinfer::TFLite* lowerings)

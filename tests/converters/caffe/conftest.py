@@ -1,9 +1,11 @@
 """Harness for Caffe converter tests: write a prototxt (and a caffemodel of random weights),
 convert it with edgeinfer, run it, and run the same files through OpenCV's DNN module, an
-independent Caffe implementation, as the oracle."""
+independent Caffe implementation, as the oracle. The folder goes on ``sys.path`` so that test
+modules can share net builders (``from test_nets import conv``) under ``--import-mode=importlib``."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from edgeinfer.testing import assert_close
 # OpenCV computes in float32 with its own summation order (and im2col/winograd kernels);
 # outputs of deep random nets agree to ~1e-5 relative, values near zero need an atol.
 RTOL, ATOL = 1e-4, 1e-5
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 class CaffeHarness:

@@ -96,9 +96,9 @@ def test_prototxt_without_weights_warns_and_runs(harness):
 
 
 def test_unknown_layer_names_layer_and_type(harness):
-    text = SMALL + 'layer { name: "det" type: "DetectionOutput" bottom: "ip" top: "det" }\n'
+    text = SMALL + 'layer { name: "roi" type: "ROIPooling" bottom: "ip" top: "roi" }\n'
     prototxt, _ = harness.write(text, "unknown", weights=False)
-    with pytest.raises(UnsupportedOpError, match=r"layer 'det' \(DetectionOutput\).*'DetectionOutput' is not supported"):
+    with pytest.raises(UnsupportedOpError, match=r"layer 'roi' \(ROIPooling\).*'ROIPooling' is not supported"):
         harness.convert(prototxt, None)
 
 
@@ -240,10 +240,11 @@ def test_schema_field_numbers_agree_with_opencv():
         pytest.skip("this OpenCV build does not embed its caffe.proto descriptor")
     theirs = _embedded_descriptor(data, start, descriptor_pb2)
     ours = _compile(CAFFE_PROTO)
-    # Fork-specific numbers: SSD's caffe numbers PermuteParameter etc. 202-206, OpenCV 148-150;
+    # Fork-specific numbers: SSD's caffe numbers PermuteParameter etc. 202-206, OpenCV 147-150;
     # BVLC's round_mode took number 13 where OpenCV put ceil_mode.
     divergent = {("LayerParameter", "permute_param"), ("LayerParameter", "prior_box_param"),
-                 ("LayerParameter", "norm_param"), ("PoolingParameter", "ceil_mode")}
+                 ("LayerParameter", "norm_param"), ("LayerParameter", "detection_output_param"),
+                 ("PoolingParameter", "ceil_mode")}
     by_name = {m.name: {f.name: f for f in m.field} for m in theirs.message_type}
     compared = 0
     for message in ours.message_type:
