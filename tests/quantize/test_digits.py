@@ -51,7 +51,11 @@ def test_int8_weight_bytes_at_most_027_of_fp32(fp32, calibration, tmp_path):
     assert ratio <= 0.27, ratio
 
 
-def test_at_least_as_accurate_as_onnxruntime_quantize_static(fp32, calibration, digits, tmp_path):
+@pytest.fixture(scope="module")
+def onnxruntime_qdq(digits, tmp_path_factory):
+    """(fp32 .onnx, its onnxruntime quantize_static QDQ .onnx): per-channel int8 weights, uint8
+    activations, calibrated on the same batches."""
+    import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as ort_quantize_static
 
@@ -64,15 +68,33 @@ def test_at_least_as_accurate_as_onnxruntime_quantize_static(fp32, calibration, 
         def get_next(self):
             return next(self.batches, None)
 
-    import onnx
-
-    source, target = tmp_path / "fp32.onnx", tmp_path / "ort_int8.onnx"
+    folder = tmp_path_factory.mktemp("onnxruntime_qdq")
+    source, target = folder / "fp32.onnx", folder / "ort_int8.onnx"
     onnx.save(graph_to_model(ei.convert(digits.model, optimize=1).graph), source)
     ort_quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    theirs = _accuracy(ei.convert(target, optimize=0), digits, "onnxruntime")
+    return source, target
+
+
+def test_at_least_as_accurate_as_onnxruntime_quantize_static(fp32, calibration, digits, onnxruntime_qdq):
+    theirs = _accuracy(ei.convert(onnxruntime_qdq[1], optimize=0), digits, "onnxruntime")
     ours = _accuracy(quantize_static(fp32, calibration), digits, "onnxruntime")
     assert ours >= theirs
+
+
+def test_int8_file_relative_to_fp32_no_bigger_than_onnxruntimes(fp32, calibration, onnxruntime_qdq, tmp_path):
+    """The whole files, format overhead included: INT8 .eim / fp32 .eim <= onnxruntime's QDQ
+    .onnx / fp32 .onnx, with the parts of each .eim adding up to its size."""
+    from edgeinfer.format.sizes import size_breakdown
+
+    fp32.save(tmp_path / "fp32.eim")
+    quantize_static(fp32, calibration).save(tmp_path / "int8.eim")
+    ours = (tmp_path / "int8.eim").stat().st_size / (tmp_path / "fp32.eim").stat().st_size
+    theirs = onnxruntime_qdq[1].stat().st_size / onnxruntime_qdq[0].stat().st_size
+    assert ours <= theirs, (ours, theirs)
+    for name in ("fp32.eim", "int8.eim"):
+        parts = size_breakdown(tmp_path / name)
+        assert parts.tensors + parts.header + parts.document + parts.padding == (tmp_path / name).stat().st_size
 
 
 def test_accuracy_control_keeps_the_most_sensitive_layers_float(fp32, calibration, digits):
