@@ -69,13 +69,14 @@ class TensorTable:
     stored once and comes back from the file as one shared array; so are distinct arrays of
     the same dtype, shape and bytes (the zero points of several quantized layers, repeated
     shape constants). Loaded arrays are read-only, so sharing them changes nothing a graph
-    can observe. Only arrays whose dtype and shape collide with another's are hashed.
+    can observe. Arrays are grouped by dtype, shape and their first and last bytes; only one
+    that joins a non-empty group is hashed whole, so distinct weights cost no hashing.
     """
 
     def __init__(self) -> None:
         self.arrays: list[np.ndarray] = []
         self._index: dict[int, int] = {}
-        self._by_kind: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        self._groups: dict[tuple[str, tuple[int, ...], bytes], list[int]] = {}
         self._digests: dict[int, bytes] = {}
         self._alive: list[np.ndarray] = []  # every array seen, so that no id is reused while the table lives
 
@@ -93,19 +94,26 @@ class TensorTable:
         """The index of a stored array with the same dtype, shape and bytes, or the next index."""
         if array.dtype == object or array.dtype.kind in "US":
             return len(self.arrays)
-        candidates = self._by_kind.setdefault((array.dtype.str, array.shape), [])
-        if candidates:
-            digest = self._digest(array)
-            for index in candidates:
-                if self._digests.setdefault(index, self._digest(self.arrays[index])) == digest:
+        raw = _raw_bytes(array)
+        group = self._groups.setdefault((array.dtype.str, array.shape, bytes(raw[:256]) + bytes(raw[-256:])), [])
+        if group:
+            digest = _digest(raw)
+            for index in group:
+                if index not in self._digests:
+                    self._digests[index] = _digest(_raw_bytes(self.arrays[index]))
+                if self._digests[index] == digest:
                     return index
             self._digests[len(self.arrays)] = digest
-        candidates.append(len(self.arrays))
+        group.append(len(self.arrays))
         return len(self.arrays)
 
-    @staticmethod
-    def _digest(array: np.ndarray) -> bytes:
-        return hashlib.blake2b(np.ascontiguousarray(array).reshape(-1).view(np.uint8), digest_size=32).digest()
+
+def _raw_bytes(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _digest(raw: np.ndarray) -> bytes:
+    return hashlib.blake2b(raw, digest_size=32).digest()
 
 
 def _check_savable(array: np.ndarray, where: str) -> None:

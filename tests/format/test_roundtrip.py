@@ -227,7 +227,9 @@ def test_identical_constants_are_stored_once(tmp_path, rng, identity_graph, eim_
     weight = rng.standard_normal((8, 8)).astype(np.float32)
     arrays = {"zp_a": np.zeros(16, np.int8), "zp_b": np.zeros(16, np.int8), "zp_other_dtype": np.zeros(16, np.uint8),
               "w": weight, "w_copy": weight.copy(), "w_other": weight + 1, "neg_zero": np.full(16, -0.0, np.float32),
-              "zero": np.zeros(16, np.float32)}
+              "zero": np.zeros(16, np.float32), "long_zero": np.zeros(4096, np.float32),
+              "long_middle_one": np.zeros(4096, np.float32)}
+    arrays["long_middle_one"][2048] = 1  # same first and last bytes, different content
     path = tmp_path / "dedup.eim"
     ei.Model(identity_graph(arrays)).save(path)
     assert len(eim_file.read(path).document["tensors"]) == len(arrays) - 2  # zp_b and w_copy
