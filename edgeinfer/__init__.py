@@ -6,9 +6,10 @@ best backend for each part.
     model.save("model.eim")
     sess = ei.Session(ei.load("model.eim"), backend="numpy", threads=2)
     outputs = sess.run({"input": x})
+    ei.export(model, "model.tflite")   # or "model.onnx"
 """
 
-from edgeinfer.api import convert, load
+from edgeinfer.api import convert, export, load
 from edgeinfer.errors import (
     BackendError,
     ConversionError,
@@ -28,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "convert",
+    "export",
     "load",
     "quantize",
     "Session",

@@ -1,4 +1,4 @@
-"""The public entry points: ``convert``, ``load`` and the front-end dispatch."""
+"""The public entry points: ``convert``, ``load``, ``export`` and the front-end dispatch."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ FRONTENDS: dict[str, str] = {
     "caffe": "edgeinfer.converters.caffe",
 }
 EIM_SUFFIX = ".eim"
+EXPORT_SUFFIXES = (".onnx", ".tflite")
 
 
 def _frontend(name: str):
@@ -115,3 +116,28 @@ def load_any(path: str | os.PathLike) -> Model:
     if Path(path).suffix.lower() == EIM_SUFFIX:
         return load(path)
     return convert(path)
+
+
+def export(model: Model | Graph | str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Write ``model`` (a ``Model``, a ``Graph``, or a model file to load or convert) in the
+    format its suffix names: ``.onnx`` (checked with the ONNX checker) or ``.tflite`` (float or
+    full-integer INT8 from a quantized model, written without TensorFlow). The file is written
+    atomically; an op the format cannot express raises ``UnsupportedOpError`` naming the node."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix not in EXPORT_SUFFIXES:
+        raise InputError(f"export to {os.fspath(path)!r}: expected a path ending in one of {', '.join(EXPORT_SUFFIXES)}")
+    if isinstance(model, (str, os.PathLike)):
+        model = load_any(model)
+    graph = model.graph if isinstance(model, Model) else model
+    if not isinstance(graph, Graph):
+        raise InputError(f"export: expected an edgeinfer Model, Graph or model path, got {type(model).__name__}")
+    if suffix == ".onnx":
+        from edgeinfer.converters.onnx import export as export_onnx
+
+        export_onnx(graph, target)
+    else:
+        from edgeinfer.format.tflite import save_tflite
+
+        save_tflite(graph, target)
+    return target

@@ -234,17 +234,18 @@ def inspect(model_path: Path, show_graph: bool) -> None:
 
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .onnx file to write.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
+              help="The file to write: .onnx, or .tflite (full-integer INT8 for a quantized model).")
 @handle_errors
 def export(model_path: Path, output: Path) -> None:
-    """Export MODEL (.eim) to ONNX (checked with the ONNX checker)."""
-    from edgeinfer.api import load_any
-    from edgeinfer.converters.onnx import export as export_onnx
+    """Export MODEL (.eim, or any convertible file) to ONNX or TFLite, by the suffix of -o.
 
-    if output.suffix.lower() != ".onnx":
-        raise InputError(f"-o {output}: expected a path ending in .onnx")
-    model = load_any(model_path)
-    export_onnx(model.graph, output)
+    Example: edgeinfer export model.int8.eim -o model.tflite
+    """
+    import edgeinfer as ei
+    from edgeinfer.api import load_any
+
+    ei.export(load_any(model_path), output)
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
 
 

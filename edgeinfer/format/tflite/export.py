@@ -47,6 +47,7 @@ NCHW_TO_NHWC = (0, 2, 3, 1)
 INT8_MODES = ("none", "any", "same", "fixed")
 CANONICAL_PASSES = ("fuse_gelu", "fuse_bias_activation")  # give fused activations and Gelu
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
+RELABELLING_OPS = ("Transpose", "Identity", "Dropout")  # the exporter writes no operator for these
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ def find_rule(node: Node, graph: Graph) -> ExportRule | None:
 
 def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
+    if node.domain == "" and node.op_type in RELABELLING_OPS:
+        return None
+    if node.domain == "" and node.op_type in QUANTIZE_OPS:
+        return _check_quantize(node, graph)
     entry = find_rule(node, graph)
     if entry is None:
         from edgeinfer.ir.lowering import find_lowering
@@ -102,6 +107,16 @@ def node_support(node: Node, graph: Graph) -> str | None:
         if name and value is not None and value.dtype is not None and value.dtype not in _TFLITE_DTYPES:
             return f"output {name!r} has dtype {value.dtype}, which TFLite tensors cannot hold"
     return entry.check(node, graph) if entry.check is not None else None
+
+
+def _check_quantize(node: Node, graph: Graph) -> str | None:
+    for name in node.inputs[1:3]:
+        if name and (graph.values.get(name) is None or graph.values[name].const is None):
+            return "the scale and zero point must be constants"
+    raw = graph.values.get(node.inputs[0] if node.op_type == "DequantizeLinear" else node.outputs[0])
+    if raw is not None and raw.dtype not in (None, "int8", "uint8", "int32"):
+        return f"{raw.dtype} quantization has no TFLite form (int8, uint8 and int32 bias have)"
+    return None
 
 
 _TFLITE_DTYPES = ("float32", "float16", "int32", "uint8", "int64", "bool", "int16", "int8", "float64")

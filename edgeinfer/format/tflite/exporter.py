@@ -220,11 +220,8 @@ class Exporter:
         if node.domain == "" and node.op_type == "QuantizeLinear":
             self._quantize(node)
             return
-        if node.domain == "" and node.op_type == "Transpose" and not self.is_const(node.inputs[0]):
-            self._transpose(node)
-            return
-        if node.domain == "" and node.op_type in ("Identity", "Dropout") and not self.is_const(node.inputs[0]):
-            self._alias(node.inputs[0], node.outputs[0])
+        if node.domain == "" and node.op_type in ("Transpose", "Identity", "Dropout"):
+            self._relabel(node)
             return
         rule = find_rule(node, self.graph)
         if rule is None:
@@ -238,6 +235,18 @@ class Exporter:
         ctx = OpContext(self, node, rule, self._int8_output(node, rule))
         rule.fn(ctx)
         ctx.finish()
+
+    def _relabel(self, node: Node) -> None:
+        source, target = node.inputs[0], node.outputs[0]
+        if self.is_const(source) and source not in self.views:
+            data = self._const(source)
+            if node.op_type == "Transpose":
+                data = np.transpose(data, [int(a) for a in node.attrs.get("perm", ())] or None)
+            self.values[target] = Value(target, const=np.ascontiguousarray(data))
+        elif node.op_type == "Transpose":
+            self._transpose(node)
+        else:
+            self._alias(source, target)
 
     def _alias(self, source: str, target: str) -> None:
         if source in self.views:

@@ -1,0 +1,161 @@
+"""The tflite backend: export a graph with ``edgeinfer.format.tflite`` once, keep one interpreter.
+
+``supports`` is the exporter's own per-node check (an op without an export rule, or with
+attributes TFLite cannot express, stays on another backend). ``compile`` writes the
+flatbuffer in memory and builds the interpreter (XNNPACK by default, or a delegate library);
+``run`` resizes the inputs when a dynamic dim changes, invokes, and returns copies of the
+outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.errors import BackendError, EdgeInferError
+from edgeinfer.format.tflite import export_tflite, node_support
+from edgeinfer.ir import Graph, Node
+
+ENGINE_OPTIONS = ("op_resolver", "delegate", "delegate_options")
+OP_RESOLVERS = {"auto": "AUTO", "builtin": "BUILTIN_WITHOUT_DEFAULT_DELEGATES", "reference": "BUILTIN_REF"}
+log = logging.getLogger("edgeinfer.backends.tflite")
+
+
+@functools.cache
+def runtime() -> Any:
+    """The interpreter module: ``ai_edge_litert.interpreter`` (preferred) or ``tflite_runtime.interpreter``."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        try:
+            from tflite_runtime import interpreter
+        except ImportError as exc:
+            raise ImportError("no TFLite runtime: expected ai_edge_litert or tflite_runtime to be installed "
+                              "(pip install 'edgeinfer[tflite]')") from exc
+    return interpreter
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:600]
+
+
+class TFLiteExecutable(Executable):
+    thread_safe = False  # a TFLite interpreter runs one invocation at a time
+
+    def __init__(self, graph: Graph, interpreter: Any, flatbuffer: bytes, facts: Mapping[str, Any]):
+        super().__init__(graph)
+        self.interpreter = interpreter
+        self.flatbuffer = flatbuffer  # the interpreter reads the model from this buffer; keep it alive
+        self._facts = dict(facts)
+        self._inputs = [d["index"] for d in interpreter.get_input_details()]
+        self._outputs = [d["index"] for d in interpreter.get_output_details()]
+        self._shapes = [tuple(d["shape"]) for d in interpreter.get_input_details()]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        interpreter = self.interpreter
+        try:
+            arrays = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
+            changed = False
+            for position, (index, array) in enumerate(zip(self._inputs, arrays, strict=True)):
+                if array.shape != self._shapes[position]:
+                    interpreter.resize_tensor_input(index, array.shape)
+                    self._shapes[position] = array.shape
+                    changed = True
+            if changed:
+                interpreter.allocate_tensors()
+            for index, array in zip(self._inputs, arrays, strict=True):
+                interpreter.set_tensor(index, array)
+            interpreter.invoke()
+            results = [interpreter.get_tensor(index) for index in self._outputs]
+        except (RuntimeError, ValueError) as exc:
+            shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
+            raise BackendError(f"the TFLite interpreter failed to run graph {self.graph.name!r} with inputs "
+                               f"{shapes}: {_first_line(exc)}") from exc
+        return dict(zip(self.output_names, results, strict=True))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._facts)
+
+
+class TFLiteBackend(Backend):
+    name = "tflite"
+
+    def __init__(self, *, device: str = "cpu", fallback: bool = False, **engine_options: Any):
+        self.engine_options = _check_engine_options(engine_options)
+        self.device = device
+        if device != "cpu" and not self.engine_options.get("delegate"):
+            message = (f"tflite backend: device {device!r} needs a delegate library (engine option delegate=PATH, "
+                       "e.g. libtensorflowlite_gpu_delegate.so or libedgetpu.so.1); found none")
+            if not fallback:
+                raise BackendError(message + " (fallback=True runs on the CPU instead)")
+            log.warning("%s; falling back to the CPU (XNNPACK)", message)
+            self.device = "cpu"
+        if self.engine_options.get("delegate"):
+            try:
+                self._load_delegate(self.engine_options)
+            except BackendError:
+                if not fallback:
+                    raise
+                log.warning("tflite backend: delegate %r cannot be loaded; falling back to the CPU",
+                            self.engine_options["delegate"])
+                self.engine_options.pop("delegate")
+                self.engine_options.pop("delegate_options", None)
+                self.device = "cpu"
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        return node_support(node, graph)
+
+    def compile(self, graph: Graph, options: CompileOptions | None = None) -> TFLiteExecutable:
+        options = options or CompileOptions()
+        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
+        if options.threads is not None and (not isinstance(options.threads, int) or options.threads < 1):
+            raise BackendError(f"tflite backend: threads must be a positive integer, got {options.threads!r}")
+        unsupported = self.unsupported(graph)
+        if unsupported:
+            listed = "; ".join(f"{label}: {reason}" for label, reason in list(unsupported.items())[:5])
+            raise BackendError(f"tflite cannot run {len(unsupported)} node(s) of graph {graph.name!r}: {listed}")
+        try:
+            flatbuffer = export_tflite(graph)
+        except EdgeInferError as exc:
+            raise BackendError(f"tflite backend: graph {graph.name!r} cannot be exported: {exc}") from exc
+        module = runtime()
+        resolver = engine.get("op_resolver", "auto")
+        delegates = [self._load_delegate(engine)] if engine.get("delegate") else None
+        try:
+            interpreter = module.Interpreter(
+                model_content=flatbuffer, num_threads=options.threads, experimental_delegates=delegates,
+                experimental_op_resolver_type=getattr(module.OpResolverType, OP_RESOLVERS[resolver]))
+            interpreter.allocate_tensors()
+        except (RuntimeError, ValueError) as exc:
+            raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
+        facts = {"runtime": module.__name__, "op_resolver": resolver, "delegate": engine.get("delegate"),
+                 "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer)}
+        return TFLiteExecutable(graph, interpreter, flatbuffer, facts)
+
+    @staticmethod
+    def _load_delegate(engine: Mapping[str, Any]) -> Any:
+        path = str(engine["delegate"])
+        try:
+            return runtime().load_delegate(path, dict(engine.get("delegate_options") or {}))
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise BackendError(f"tflite backend: delegate library {path!r} cannot be loaded: "
+                               f"{_first_line(exc)}") from exc
+
+
+def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
+    if unknown:
+        raise BackendError(f"tflite backend: unknown engine option(s) {unknown}; expected some of {list(ENGINE_OPTIONS)}")
+    resolver = engine_options.get("op_resolver")
+    if resolver is not None and resolver not in OP_RESOLVERS:
+        raise BackendError(f"tflite backend: op_resolver {resolver!r}: expected one of {list(OP_RESOLVERS)}")
+    options = engine_options.get("delegate_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise BackendError(f"tflite backend: delegate_options must be a dict, got {type(options).__name__}")
+    return dict(engine_options)
