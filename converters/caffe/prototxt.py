@@ -53,6 +53,7 @@ class LayerSpec:
     tops: list[str]
     proto: Any  # LayerParameter or V1LayerParameter
     index: int
+    phase: str = "TEST"  # the net state's phase (Caffe's layer_param.phase)
 
     def param(self, field_name: str) -> Any:
         """The layer's ``<field_name>`` message (its defaults if unset or absent in V1)."""
@@ -161,7 +162,7 @@ def read_net(path: str | os.PathLike, *, phase: str = "TEST", level: int = 0,
         if not type_name:
             raise ModelFormatError(f"{where}: layer {layer.name or index!r} has no type")
         spec.layers.append(LayerSpec(layer.name or f"{type_name.lower()}_{index}", type_name,
-                                     list(layer.bottom), list(layer.top), layer, index))
+                                     list(layer.bottom), list(layer.top), layer, index, phase))
     names = [layer.name for layer in spec.layers]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:

@@ -1,8 +1,16 @@
 """BatchNorm, Scale, Bias, LRN, Normalize (SSD) and MVN.
 
 - BatchNorm stores running sums: ``mean = blob0 / s``, ``var = blob1 / s`` with the scale
-  factor ``s = blob2[0]`` (``s = 0`` means the statistics are zero). It has no affine part
-  (a following Scale layer holds it); a pass fuses BatchNormalization, Mul and Add into Conv.
+  factor ``s = blob2[0]`` (``s = 0`` means the statistics are zero; ``moving_average_fraction``
+  only drives training's updates of the sums). It has no affine part (a following Scale layer
+  holds it; NVIDIA's ``scale_bias`` adds blobs 3 and 4, and its TEST phase reads blobs 0 and 1
+  as they are, without the scale factor); a pass fuses BatchNormalization, Mul
+  and Add into Conv. Caffe uses those statistics when ``use_global_stats`` is true, or unset in
+  the TEST phase (``use_global_stats_ = phase == TEST`` unless the field is given). With
+  ``use_global_stats: false``, even in a deploy net, Caffe normalizes by the statistics of the
+  batch itself, per channel over N and the spatial axes: ``(x - mean) / sqrt(var + eps)`` with
+  the biased variance; the stored blobs are ignored. (OpenCV's importer does the same through an
+  MVN layer, for batch 1 only.)
 - Scale/Bias multiply/add a blob (or a second bottom) whose shape covers input axes
   ``[axis, axis + num_axes)``, broadcast over the rest.
 - LRN ACROSS_CHANNELS is ONNX's LRN; WITHIN_CHANNEL is Caffe's composition
@@ -26,9 +34,7 @@ def batch_norm(ctx: LayerContext) -> None:
     ctx.expect_bottoms(1)
     ctx.expect_tops(1)
     param = ctx.param("batch_norm_param")
-    if param.HasField("use_global_stats") and not param.use_global_stats:
-        raise ctx.unsupported("use_global_stats: false (batch statistics at inference) is not supported; "
-                              "deploy nets use the stored statistics")
+    global_stats = param.use_global_stats if param.HasField("use_global_stats") else ctx.spec.phase == "TEST"
     shape = ctx.shape()
     if len(shape) < 2:
         raise ctx.invalid(f"expected an input of rank >= 2, found shape {list(shape)}")
@@ -37,8 +43,12 @@ def batch_norm(ctx: LayerContext) -> None:
     if param.scale_bias:  # OpenCV/fork extension: affine blobs after the statistics
         expected += [Blob((channels,), 1.0), Blob((channels,), 0.0)]
     blobs = ctx.blobs(expected)
+    if not global_stats:
+        _batch_statistics_norm(ctx, len(shape), float(param.eps), blobs[3:] if param.scale_bias else None)
+        return
     factor = float(blobs[2].reshape(-1)[0])
-    factor = 0.0 if factor == 0 else 1.0 / factor
+    # NVIDIA's fork keeps blob 2 as an unused "variance correction" (OpenCV ignores it too)
+    factor = 1.0 if param.scale_bias else 0.0 if factor == 0 else 1.0 / factor
     mean = (blobs[0] * factor).astype(np.float32)
     var = (blobs[1] * factor).astype(np.float32)
     gamma = blobs[3] if param.scale_bias else np.ones(channels, np.float32)
@@ -46,6 +56,22 @@ def batch_norm(ctx: LayerContext) -> None:
     inputs = [ctx.inputs[0], ctx.const(gamma, "scale"), ctx.const(beta, "bias"), ctx.const(mean, "mean"),
               ctx.const(var, "var")]
     ctx.node("BatchNormalization", inputs, {"epsilon": float(param.eps)}, top=0)
+
+
+def _batch_statistics_norm(ctx: LayerContext, rank: int, eps: float, affine: list[np.ndarray] | None) -> None:
+    """Caffe's BatchNorm on the batch's own statistics (per channel over every other axis)."""
+    axes = (0, *range(2, rank))
+    x = ctx.inputs[0]
+    mean = ctx.node("ReduceMean", [x], {"axes": axes, "keepdims": 1}, suffix="batch_mean")
+    centered = ctx.node("Sub", [x, mean], suffix="center")
+    variance = ctx.node("ReduceMean", [ctx.node("Mul", [centered, centered], suffix="square")],
+                        {"axes": axes, "keepdims": 1}, suffix="batch_variance")
+    std = ctx.node("Sqrt", [ctx.node("Add", [variance, ctx.const(eps, "eps")], suffix="variance_eps")], suffix="std")
+    normalized = ctx.node("Div", [centered, std], top=None if affine else 0, suffix="normalized")
+    if affine:
+        broadcast = (-1,) + (1,) * (rank - 2)
+        scaled = ctx.node("Mul", [normalized, ctx.const(affine[0].reshape(broadcast), "scale")], suffix="scaled")
+        ctx.node("Add", [scaled, ctx.const(affine[1].reshape(broadcast), "bias")], top=0)
 
 
 def _broadcast_operand(ctx: LayerContext, field_name: str, op_type: str, fill: float) -> None:

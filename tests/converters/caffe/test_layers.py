@@ -171,6 +171,17 @@ def test_batchnorm_scale_bias_match_opencv(harness):
     harness.compare(net((1, 4, 5, 3), body), "bn")
 
 
+def test_batchnorm_scale_bias_ignores_the_scale_factor_as_nvidia_caffe_and_opencv(harness):
+    body = ('layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+            'batch_norm_param { scale_bias: true eps: 0.001 } }\n')
+    model = harness.compare(net((1, 4, 5, 3), body), "bn_scale_bias")
+    from edgeinfer.converters.caffe import read_caffemodel
+
+    factor = read_caffemodel(harness.folder / "bn_scale_bias.caffemodel")["bn"].blobs[2]
+    assert abs(float(factor[0]) - 1) > 0.01, "the random scale factor should differ from 1"
+    assert model.graph.verify() is None
+
+
 def test_batchnorm_zero_scale_factor_means_zero_statistics(harness, tmp_path):
     from edgeinfer.converters.caffe import write_caffemodel
 
@@ -185,6 +196,56 @@ def test_batchnorm_zero_scale_factor_means_zero_statistics(harness, tmp_path):
         scale = 0.0 if factor == 0 else 1 / factor
         expected = (x - (mean * scale)[:, None, None]) / np.sqrt((var * scale)[:, None, None] + 1e-5)
         assert_close(harness.run(model, {"data": x})["bn"], expected, rtol=1e-5, atol=1e-6)
+
+
+def _caffe_batch_norm_on_batch_statistics(x: np.ndarray, eps: float) -> np.ndarray:
+    """Caffe's BatchNormLayer::Forward_cpu with use_global_stats_ false, in float64."""
+    axes = (0, *range(2, x.ndim))
+    mean = x.astype(np.float64).mean(axis=axes, keepdims=True)
+    variance = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(variance + eps)
+
+
+def test_batchnorm_without_global_stats_matches_opencv(harness):
+    """use_global_stats: false normalizes by the batch's own statistics, even in a deploy net;
+    OpenCV (batch 1 only) agrees. OpenCV applies eps twice (an MVN layer, then the BatchNorm with
+    mean 0 and variance 1: a factor 1 / sqrt(1 + eps)), so the default eps keeps that within
+    tolerance; other eps values are checked against Caffe's arithmetic below."""
+    body = ('layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+            'batch_norm_param { use_global_stats: false } }\n'
+            'layer { name: "sc" type: "Scale" bottom: "bn" top: "sc" scale_param { bias_term: true } }\n'
+            'layer { name: "bn2" type: "BatchNorm" bottom: "data" top: "bn2" batch_norm_param { use_global_stats: false } }\n')
+    model = harness.compare(net((1, 4, 5, 3), body), "bn_batch")
+    feeds = harness.feeds(model)
+    assert_close(harness.run(model, feeds)["bn2"], _caffe_batch_norm_on_batch_statistics(feeds["data"], 1e-5),
+                 rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape, extra, phase", [
+    ((3, 4, 5, 2), "use_global_stats: false eps: 0.01", "TEST"),
+    ((2, 6), "use_global_stats: false", "TEST"),
+    ((2, 3, 4, 4), "", "TRAIN"),  # unset: Caffe's default is the phase's (batch statistics in TRAIN)
+])
+def test_batchnorm_batch_statistics_span_the_batch_as_in_caffe(harness, shape, extra, phase):
+    text = net(shape, f'layer {{ name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+                      f'batch_norm_param {{ {extra} }} }}\n')
+    prototxt, caffemodel = harness.write(text, "bn_train")
+    model = harness.convert(prototxt, caffemodel, phase=phase)
+    x = harness.feeds(model)["data"] * 3 + 1
+    eps = 0.01 if "eps" in extra else 1e-5
+    assert_close(harness.run(model, {"data": x})["bn"], _caffe_batch_norm_on_batch_statistics(x, eps),
+                 rtol=1e-5, atol=1e-5)
+
+
+def test_batchnorm_scale_bias_on_batch_statistics_matches_caffe(harness):
+    from edgeinfer.converters.caffe import read_caffemodel
+
+    text = net((2, 3, 4, 4), 'layer { name: "bn" type: "BatchNorm" bottom: "data" top: "bn" '
+                             'batch_norm_param { use_global_stats: false scale_bias: true } }\n')
+    model, feeds, got, caffemodel = run_ours(harness, text)
+    gamma, beta = read_caffemodel(caffemodel)["bn"].blobs[3:]
+    expected = _caffe_batch_norm_on_batch_statistics(feeds["data"], 1e-5) * gamma[:, None, None] + beta[:, None, None]
+    assert_close(got["bn"], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bias_layer_matches_caffe(harness):
