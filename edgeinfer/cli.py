@@ -14,7 +14,7 @@ from typing import Any
 import click
 import numpy as np
 
-from edgeinfer.cli_support import handle_errors, one_line
+from edgeinfer.cli_support import handle_errors, one_line, parse_backend, session_options
 from edgeinfer.errors import InputError
 from edgeinfer.quantize.cli import apply_quantization, quantize_command, quantize_options
 
@@ -138,22 +138,26 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
 @click.option("--random-inputs", is_flag=True, help="Feed random data to inputs not given with --input.")
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
               help="Size of symbolic dims for --random-inputs.")
-@click.option("--backend", default="numpy", show_default=True, help="numpy or onnxruntime.")
-@click.option("--threads", type=click.IntRange(1), default=None, help="Threads for the backend.")
+@session_options
 @click.option("--repeat", type=click.IntRange(1), default=10, show_default=True,
               help="Timed runs after one warm-up run.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Write each output as NAME.npy here.")
 @click.option("--profile", is_flag=True, help="Print the slowest nodes of the last run with their shapes.")
 @handle_errors
 def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
-        threads: int | None, repeat: int, output_dir: Path | None, profile: bool) -> None:
-    """Run MODEL (.eim, or any convertible file) and print outputs and timing."""
+        threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
+        profile: bool) -> None:
+    """Run MODEL (.eim, or any convertible file) and print outputs and timing.
+
+    Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
+    """
     import edgeinfer as ei
     from edgeinfer.api import load_any
 
     model = load_any(model_path)
     feeds = _load_feeds(model, inputs, random_inputs, batch)
-    session = ei.Session(model, backend=backend, threads=threads, debug=profile or None)
+    session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
+                         executor=executor, debug=profile or None)
     outputs = session.run(feeds)  # warm-up, also validates the feeds
     times = []
     for _ in range(repeat):
@@ -163,7 +167,7 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
     for name, array in outputs.items():
         click.echo(f"output {name}: {array.dtype}{list(array.shape)} {_preview(array)}")
     times_ms = np.array(times) * 1000
-    click.echo(f"latency ({backend}, threads={threads or 'default'}): median {np.median(times_ms):.3f} ms, "
+    click.echo(f"latency ({session.backend_name}, threads={threads or 'default'}): median {np.median(times_ms):.3f} ms, "
                f"min {times_ms.min():.3f} ms over {repeat} runs")
     if profile:
         _print_profile(session.stats())
@@ -205,9 +209,20 @@ def _preview(array: np.ndarray) -> str:
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @click.option("--graph", "show_graph", is_flag=True, help="Also print the whole graph as text.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Print where each part of the graph would run (with --backend ...) and why ops fell back.")
+@click.option("--backend", default="numpy", show_default=True,
+              help="For --plan: a backend or a priority list such as openvino+onnxruntime.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "npu"]), default="cpu", show_default=True,
+              help="For --plan: where accelerated backends run.")
+@click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential", show_default=True,
+              help="For --plan: dag also cuts at forks and joins.")
 @handle_errors
-def inspect(model_path: Path, show_graph: bool) -> None:
-    """Summarize MODEL (.eim or .onnx): inputs, outputs, ops, parameters, FLOPs."""
+def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, device: str, executor: str) -> None:
+    """Summarize MODEL (.eim or .onnx): inputs, outputs, ops, parameters, FLOPs.
+
+    Example: edgeinfer inspect model.eim --plan --backend openvino+onnxruntime
+    """
     from edgeinfer.api import load_any
 
     model = load_any(model_path)
@@ -230,6 +245,23 @@ def inspect(model_path: Path, show_graph: bool) -> None:
         click.echo("\n".join(size_breakdown(model_path).lines()))
     if show_graph:
         click.echo(str(model.graph))
+    if show_plan:
+        _print_plan(model, parse_backend(backend), device, executor)
+
+
+def _print_plan(model, backend: str | list[str], device: str, executor: str) -> None:
+    """The partition, from each backend's ``supports``: nothing is compiled or run."""
+    from edgeinfer import scheduler
+
+    if backend == "auto":
+        raise InputError("--plan --backend auto: auto measures candidates by running them; give a backend "
+                         "or a priority list (run `edgeinfer bench MODEL --backend auto` to see its choice)")
+    names = scheduler.backend_priority(backend)
+    backends = scheduler.make_backends(names, device=device, fallback=True)
+    plan = scheduler.make_plan(model.graph, backends, branches=executor == "dag")
+    counts = ", ".join(f"{name} {count}" for name, count in plan.node_counts().items())
+    click.echo(f"plan    {len(plan.parts)} part(s) over {'+'.join(names)} on {device}; nodes: {counts}")
+    click.echo(plan.describe())
 
 
 @main.command()
@@ -247,6 +279,70 @@ def export(model_path: Path, output: Path) -> None:
 
     ei.export(load_any(model_path), output)
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
+
+
+@main.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("--backend", "backends", default="numpy,onnxruntime", show_default=True,
+              help="Comma-separated contenders; each a backend, auto, or a priority list such as openvino+onnxruntime.")
+@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads per session.")
+@click.option("--device", type=click.Choice(["cpu", "gpu", "npu"]), default="cpu", show_default=True)
+@click.option("--fallback", is_flag=True, help="Run on the CPU if --device is missing (with a warning).")
+@click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential", show_default=True)
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="Feed from a .npy file (default: random feeds of the declared shapes).")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Size of symbolic dims.")
+@click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per backend.")
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--stream", "stream_requests", type=click.IntRange(1), default=None, metavar="N",
+              help="Also serve N requests through the pipeline planner (first backend) and show its plan.")
+@click.option("--stages", default="auto", show_default=True, help="Pipeline stages for --stream (or auto).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write every figure as JSON here.")
+@handle_errors
+def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
+          inputs: tuple[str, ...], batch: int, runs: int, warmup: int, stream_requests: int | None, stages: str,
+          json_path: Path | None) -> None:
+    """Measure MODEL on this device, backend by backend, in one run.
+
+    Example: edgeinfer bench model.onnx --backend numpy,onnxruntime,auto --threads 2 --stream 200
+    """
+    import json
+
+    from edgeinfer import bench as measure
+    from edgeinfer.api import load_any
+
+    contenders = [parse_backend(text) for text in backends.split(",") if text.strip()]
+    if not contenders:
+        raise InputError(f"--backend {backends!r}: expected at least one backend")
+    if stages != "auto" and not stages.isdigit():
+        raise InputError(f"--stages {stages!r}: expected a positive number or auto")
+    model = load_any(model_path)
+    feeds = _load_feeds(model, inputs, True, batch)
+    options = {"device": device, "fallback": fallback, "executor": executor}
+    reports = measure.latency(model, contenders, feeds, threads=threads, runs=runs, warmup=warmup, **options)
+    best = min(r.ms["median"] for r in reports)
+    click.echo(f"{'backend':<28} {'compile s':>9} {'first ms':>9} {'min':>8} {'median':>8} {'p90':>8} "
+               f"{'p99':>8} {'max':>8} {'req/s':>8} {'vs best':>7}")
+    for r in reports:
+        name = r.backend + (f" ({'+'.join(r.auto_choice)})" if r.auto_choice else "")
+        click.echo(f"{name:<28} {r.compile_s:9.3f} {r.first_run_ms:9.2f} {r.ms['min']:8.3f} {r.ms['median']:8.3f} "
+                   f"{r.ms['p90']:8.3f} {r.ms['p99']:8.3f} {r.ms['max']:8.3f} {r.throughput:8.1f} "
+                   f"{r.ms['median'] / best:6.2f}x")
+    streamed = None
+    if stream_requests:
+        streamed = measure.stream(model, contenders[0], feeds, threads=threads, requests=stream_requests,
+                                  stages=int(stages) if stages.isdigit() else "auto", device=device,
+                                  fallback=fallback)
+        click.echo(f"stream of {streamed.requests} requests on {streamed.backend} (planned in "
+                   f"{streamed.planning_s:.2f} s):")
+        click.echo(streamed.plan)
+        click.echo(f"throughput: pipeline {streamed.stream_per_s:.1f} req/s, one after another "
+                   f"{streamed.sequential_per_s:.1f} req/s ({streamed.speedup:.2f}x)")
+    if json_path is not None:
+        from edgeinfer.format.atomic import atomic_write_bytes
+
+        atomic_write_bytes(json_path, json.dumps(measure.as_json(reports, streamed), indent=1).encode())
+        click.echo(f"wrote {json_path}")
 
 
 main.add_command(quantize_command)

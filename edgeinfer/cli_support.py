@@ -52,3 +52,33 @@ def handle_errors(fn):
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 2000 else text[:2000] + "..."
+
+
+def parse_backend(text: str) -> str | list[str]:
+    """``--backend``: a name, ``auto``, or a priority list joined by ``+`` (``openvino+onnxruntime``)."""
+    names = [name.strip() for name in text.split("+")]
+    if not all(names):
+        from edgeinfer.errors import InputError
+
+        raise InputError(f"--backend {text!r}: expected a name, 'auto' or names joined by '+'")
+    return names[0] if len(names) == 1 else names
+
+
+def session_options(fn):
+    """The options every command that builds a Session takes, with the same names."""
+    from edgeinfer.backend import DEVICES, available_backends
+
+    choices = ", ".join([*available_backends(), "auto"])
+    for option in reversed([
+        click.option("--backend", default="numpy", show_default=True,
+                     help=f"One of {choices}, or a priority list such as openvino+onnxruntime "
+                          "(each node goes to the first that runs it, numpy takes the rest)."),
+        click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for the session."),
+        click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+                     help="Where accelerated backends run."),
+        click.option("--fallback", is_flag=True, help="Run on the CPU if --device is missing (with a warning)."),
+        click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential",
+                     show_default=True, help="dag runs independent branches at the same time."),
+    ]):
+        fn = option(fn)
+    return fn

@@ -154,13 +154,18 @@ class Session:
 
     def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = "auto",
                       replicas: int | Sequence[int] | str | None = "auto"):
-        """The stage plan ``stream`` would use for requests like ``feeds`` (default: random feeds
-        of the declared shapes at batch 1): stages, replicas, measured stage times."""
-        from edgeinfer.scheduler.pipeline import plan_stages
+        """The stage plan ``stream`` uses for requests like ``feeds`` (default: random feeds of
+        the declared shapes at batch 1): stages, replicas, measured stage times. Planned once per
+        choice and input shapes; later streams reuse it."""
+        from edgeinfer.scheduler.pipeline import check_choice, plan_key, plan_stages
 
         self._check_open()
-        checked = self._check_feeds(feeds) if feeds is not None else None
-        return plan_stages(self, checked, stages=stages, replicas=replicas)
+        check_choice(stages, replicas)
+        checked = self._check_feeds(feeds if feeds is not None else self.model.random_feeds())
+        key = plan_key(stages, replicas, checked)
+        if key not in self.stage_plans:
+            self.stage_plans[key] = plan_stages(self, checked, stages=stages, replicas=replicas)
+        return self.stage_plans[key]
 
     def _register(self, pipeline: Any) -> None:
         with self._lock:

@@ -333,6 +333,13 @@ class Pipeline:
                 log.warning("pipeline worker %s still busy after 60 s; left to finish on its own", thread.name)
 
 
+def plan_key(stages: Any, replicas: Any, feeds: Mapping[str, Any]) -> tuple:
+    """How a session files its stream plans: by the choice and the feeds' shapes."""
+    shapes = tuple(sorted((name, getattr(array, "shape", None)) for name, array in feeds.items()))
+    listed = isinstance(replicas, Sequence) and not isinstance(replicas, str)
+    return stages, tuple(replicas) if listed else replicas, shapes
+
+
 def stream(session: Session, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None,
            replicas: int | Sequence[int] | str | None, max_in_flight: int | None, timeout: float | None,
            check: Callable[[Any], dict], select: Callable[[dict], dict],
@@ -345,9 +352,7 @@ def stream(session: Session, requests: Iterable[Mapping[str, Any]], *, stages: i
     except StopIteration:
         return
     sample = check(first)
-    shapes = tuple(sorted((name, getattr(array, "shape", None)) for name, array in sample.items()))
-    key = (stages, tuple(replicas) if isinstance(replicas, Sequence) and not isinstance(replicas, str)
-           else replicas, shapes)
+    key = plan_key(stages, replicas, sample)
     plan = session.stage_plans.get(key)
     if plan is None:
         plan = session.stage_plans[key] = plan_stages(session, sample, stages=stages, replicas=replicas)
