@@ -21,8 +21,9 @@ Version 2.0 (written now) aligns a tensor of 64 bytes or more to 64 and packs a 
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
 the large ones; it stores the document compressed and byte-identical tensors once. Version
 1.0 (still read) aligned every tensor to 64, required L to be a multiple of 64 and stored the
-document as plain JSON (flags 0). Measured on an INT8 CNN, tiny tensors padded to 64 and the
-plain document were 16% of the file (see ``edgeinfer.format.sizes``).
+document as plain JSON (flags 0), which made the document and the padding of tiny tensors
+most of an INT8 file's overhead. ``benchmarks/eim_sizes.py`` measures INT8/fp32 file sizes
+against onnxruntime's; ``edgeinfer inspect`` shows where the bytes of any file go.
 
 Tensor table entries are ``{"dtype", "shape", "offset", "nbytes"}`` (offsets relative to D) for
 numeric tensors and ``{"dtype": "str", "shape", "strings"}`` for string tensors, whose
