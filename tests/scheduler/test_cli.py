@@ -1,0 +1,92 @@
+"""The scheduler from the command line: inspect --plan, run with backend lists, bench --stream."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.cli import main
+from edgeinfer.testing import parse_model
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def cnn_file(tmp_path):
+    path = tmp_path / "cnn.onnx"
+    onnx.save(zoo.cnn_residual_depthwise(seed=1), path)
+    return path
+
+
+def test_inspect_plan_shows_parts_and_fallback_reasons(tmp_path):
+    pytest.importorskip("openvino")
+    # OpenVINO computes float64 in float32, so its backend declines the float64 node with a reason
+    path = tmp_path / "mixed.eim"
+    ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4] x) => (float[2, 4] y)
+        {
+            a = Relu(x)
+            d = Cast<to = 11>(a)
+            e = Sqrt(d)
+            f = Cast<to = 1>(e)
+            y = Neg(f)
+        }"""), optimize=0).save(path)
+    result = invoke("inspect", path, "--plan", "--backend", "openvino")
+    assert result.exit_code == 0, result.output
+    assert "over openvino+numpy on cpu" in result.output
+    assert "part 0: openvino" in result.output and "numpy" in result.output
+    assert "fallbacks:" in result.output and "(Sqrt) -> numpy (openvino:" in result.output
+
+
+def test_inspect_plan_rejects_auto_with_one_line(cnn_file):
+    result = CliRunner().invoke(main, ["inspect", str(cnn_file), "--plan", "--backend", "auto"])
+    assert result.exit_code == 2
+    assert "auto measures candidates by running them" in result.output
+
+
+def test_run_with_a_priority_list_and_the_dag_executor(cnn_file):
+    result = invoke("run", cnn_file, "--random-inputs", "--backend", "onnxruntime+numpy", "--executor", "dag",
+                    "--threads", 2, "--repeat", 2)
+    assert result.exit_code == 0, result.output
+    assert "latency (onnxruntime,numpy, threads=2)" in result.output
+
+
+def test_bench_reports_every_backend_and_the_stream_plan(cnn_file, tmp_path):
+    out = tmp_path / "bench.json"
+    result = invoke("bench", cnn_file, "--backend", "onnxruntime,numpy", "--threads", 2, "--runs", 5,
+                    "--warmup", 1, "--stream", 20, "--stages", 2, "--json", out)
+    assert result.exit_code == 0, result.output
+    assert "stream of 20 requests on onnxruntime" in result.output and "2 stage(s)" in result.output
+    data = json.loads(out.read_text())
+    assert [r["backend"] for r in data["latency"]] == ["onnxruntime", "numpy"]
+    for report in data["latency"]:
+        ms = report["ms"]
+        assert ms["min"] <= ms["median"] <= ms["p90"] <= ms["p99"] <= ms["max"]
+    assert data["stream"]["stages"] == 2 and data["stream"]["stream_per_s"] > 0
+    assert data["machine"]["cpus"] >= 1 and "onnxruntime" in data["machine"]["versions"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "tensorrt"], "unknown backend 'tensorrt'"),
+    (["--backend", "onnxruntime+"], "expected a name, 'auto' or names joined by '+'"),
+    (["--stages", "two"], "--stages 'two'"),
+])
+def test_bench_bad_options_print_one_line(cnn_file, args, message):
+    result = CliRunner().invoke(main, ["bench", str(cnn_file), "--runs", "1", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_run_on_a_missing_device_is_one_line(cnn_file):
+    result = CliRunner().invoke(main, ["run", str(cnn_file), "--random-inputs", "--backend", "onnxruntime",
+                                       "--device", "npu"])
+    assert result.exit_code == 2
+    assert "no NPU execution provider" in result.output
