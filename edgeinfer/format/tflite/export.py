@@ -58,7 +58,7 @@ class ExportRule:
     int8_inputs: tuple[int, ...] | None  # inputs that must be int8 views for the integer op (None: all float)
     int8_weights: tuple[int, ...]  # inputs that, when constant, must be symmetric (zero point 0)
     fixed: tuple[float, int] | None  # output (scale, zero point) for int8 == "fixed"
-    int8_when: Callable[[Node], bool] | None  # attributes under which the integer op applies
+    int8_when: Callable[[Node, Graph], bool] | None  # attributes under which the integer op applies
 
 
 RULES: OpRegistry[ExportRule] = OpRegistry("TFLite export rule")
@@ -67,7 +67,7 @@ RULES: OpRegistry[ExportRule] = OpRegistry("TFLite export rule")
 def export_rule(op_type: str | tuple[str, ...], *, domain: str = "", since: int = 1,
                 check: Callable[[Node, Graph], str | None] | None = None, int8: str = "none",
                 int8_inputs: tuple[int, ...] | None = None, int8_weights: tuple[int, ...] = (),
-                fixed: tuple[float, int] | None = None, int8_when: Callable[[Node], bool] | None = None):
+                fixed: tuple[float, int] | None = None, int8_when: Callable[[Node, Graph], bool] | None = None):
     """Register ``fn(ctx)`` as the exporter of IR op(s) ``op_type``. ``check(node, graph)``
     returns why a node cannot be exported (None: it can); it must be cheap (the tflite
     backend's ``supports`` calls it for every node)."""

@@ -297,7 +297,7 @@ class Exporter:
         its result), or None when the node is exported as a float op."""
         if rule.int8 == "none" or len([o for o in node.outputs if o]) != 1:
             return None
-        if (rule.int8_when is not None and not rule.int8_when(node)) or node_fused_code(node, int8=True) is None:
+        if (rule.int8_when is not None and not rule.int8_when(node, self.graph)) or node_fused_code(node, int8=True) is None:
             return None
         out = node.outputs[0]
         consumers = self.graph.consumers(out)

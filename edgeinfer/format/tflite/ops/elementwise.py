@@ -169,7 +169,16 @@ def _activation_rule(ctx: OpContext) -> None:
 export_rule(("Relu", "HardSwish", "LeakyRelu"), int8="any")(_activation_rule)
 export_rule("Gelu", since=20, int8="any")(_activation_rule)
 export_rule("Gelu", domain="edgeinfer", int8="any")(_activation_rule)
-export_rule("Clip", check=check_clip)(_activation_rule)
+def _int8_clip(node: Node, graph: Graph) -> bool:
+    """A clamp TFLite has an int8 kernel for (RELU, RELU6, RELU_N1_TO_1, RELU_0_TO_1)."""
+    try:
+        bounds = _clip_bounds(node, graph)
+    except ExportError:
+        return False
+    return fused_code("Clip", bounds) is not None or bounds == (0.0, 1.0)
+
+
+export_rule("Clip", check=check_clip, int8="any", int8_inputs=(0,), int8_when=_int8_clip)(_activation_rule)
 export_rule("Sigmoid", int8="fixed", fixed=(1 / 256, -128))(_activation_rule)
 export_rule("Tanh", int8="fixed", fixed=(1 / 128, 0))(_activation_rule)
 export_rule("HardSigmoid")(_activation_rule)
@@ -180,6 +189,39 @@ def reciprocal(ctx: OpContext) -> None:
     perm = ctx.layout(0)
     ctx.op("DIV", [_scalar(ctx, 1.0, "one"), ctx.input(0, perm)], [ctx.output(0, perm)], options="DivOptions",
            fused_activation_function=0)
+
+
+# Abramowitz & Stegun 7.1.26: erf(x) = 1 - t (a1 + t (a2 + ...)) exp(-x^2), t = 1 / (1 + p x), x >= 0;
+# absolute error below 1.5e-7. TFLite has no ERF builtin.
+ERF_P = 0.3275911
+ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+@export_rule("Erf")
+def erf(ctx: OpContext) -> None:
+    perm = ctx.layout(0)
+    shape = tuple(ctx.out_shape()[a] for a in perm)
+    x = ctx.input(0, perm)
+    temps = iter(range(1000))
+
+    def step(opcode: str, inputs: list[int], options: str | None = None) -> int:
+        out = ctx.temp(shape, f"erf{next(temps)}")
+        extra = {"fused_activation_function": 0} if options else {}
+        ctx.op(opcode, inputs, [out], options=options, **extra)
+        return out
+
+    magnitude, sign = step("ABS", [x]), step("SIGN", [x])
+    denominator = step("ADD", [step("MUL", [magnitude, _scalar(ctx, ERF_P, "erf_p")], "MulOptions"),
+                               _scalar(ctx, 1.0, "one")], "AddOptions")
+    t = step("DIV", [_scalar(ctx, 1.0, "one"), denominator], "DivOptions")
+    poly = _scalar(ctx, ERF_A[-1], "erf_a5")
+    for index, coefficient in reversed(list(enumerate(ERF_A[:-1]))):
+        poly = step("ADD", [step("MUL", [poly, t], "MulOptions"), _scalar(ctx, coefficient, f"erf_a{index + 1}")],
+                    "AddOptions")
+    poly = step("MUL", [poly, t], "MulOptions")
+    gauss = step("EXP", [step("NEG", [step("MUL", [x, x], "MulOptions")])])
+    tail = step("SUB", [_scalar(ctx, 1.0, "one"), step("MUL", [poly, gauss], "MulOptions")], "SubOptions")
+    ctx.op("MUL", [sign, tail], [ctx.output(0, perm)], options="MulOptions", fused_activation_function=0)
 
 
 # -- softmax ----------------------------------------------------------------------------------------

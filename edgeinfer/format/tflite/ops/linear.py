@@ -26,7 +26,7 @@ def check_gemm(node: Node, graph: Graph) -> str | None:
     return activation_support(node)
 
 
-def _plain_gemm(node: Node) -> bool:
+def _plain_gemm(node: Node, graph: Graph) -> bool:
     return float(node.attrs.get("alpha", 1.0)) == 1.0 and float(node.attrs.get("beta", 1.0)) == 1.0
 
 

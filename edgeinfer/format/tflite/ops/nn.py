@@ -295,7 +295,7 @@ def check_pad(node: Node, graph: Graph) -> str | None:
     return None
 
 
-def _int8_pad(node: Node) -> bool:
+def _int8_pad(node: Node, graph: Graph) -> bool:
     return node.attrs.get("mode", "constant") == "constant" and float(node.attrs.get("value", 0.0)) == 0.0
 
 
