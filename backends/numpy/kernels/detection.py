@@ -1,11 +1,16 @@
 """``edgeinfer::CaffeDetectionOutput``: Caffe-SSD's per-class NMS and keep_top_k (semantics:
 ``edgeinfer.ir.lowering_detection``).
 
-Greedy NMS visits only the boxes it keeps: keeping a box suppresses every later candidate that
-overlaps it by more than the current threshold, in one vectorized step, and the walk jumps to
-the next candidate still standing. With ``eta < 1`` the threshold only falls, so a candidate
-suppressed earlier stays suppressed; one still standing is checked again against every kept
-box at the threshold of its own turn, which is exactly Caffe's walk.
+Greedy NMS, two exact ways:
+
+- a fixed threshold (``eta = 1``, the usual case) and up to ``MATRIX_LIMIT`` candidates: the
+  overlaps of every candidate pair in one vectorized step, each row packed into a Python int
+  bitmask; the walk is then one AND per candidate against the mask of the boxes kept so far.
+- otherwise the walk visits only the boxes it keeps: keeping a box suppresses every later
+  candidate that overlaps it by more than the current threshold, and the walk jumps to the next
+  candidate still standing. With ``eta < 1`` the threshold only falls, so a candidate
+  suppressed earlier stays suppressed; one still standing is checked again against every kept
+  box at the threshold of its own turn, which is exactly Caffe's walk.
 """
 
 from __future__ import annotations
@@ -16,20 +21,54 @@ from edgeinfer.backends.numpy.registry import kernel
 from edgeinfer.ir.lowering_detection import DEFAULTS
 
 _HALF = np.float32(0.5)
+MATRIX_LIMIT = 2048  # candidates per class up to which the pairwise overlaps are computed at once
 
 
-def _overlap(box: np.ndarray, boxes: np.ndarray, normalized: bool) -> np.ndarray:
-    """Caffe's overlap of ``box [4]`` with each row of ``boxes [K, 4]``, in float32."""
-    extent = np.minimum(box[2:], boxes[:, 2:]) - np.maximum(box[:2], boxes[:, :2])
-    overlapping = (extent > 0).all(axis=1) if normalized else (extent >= 0).all(axis=1)
-    if not normalized:
-        extent = extent + np.float32(1)
-    inter = extent[:, 0] * extent[:, 1]
-    sides_a = box[2:] - box[:2] + np.float32(0 if normalized else 1)
-    sides_b = boxes[:, 2:] - boxes[:, :2] + np.float32(0 if normalized else 1)
-    union = (sides_a[0] * sides_a[1] + sides_b[:, 0] * sides_b[:, 1]) - inter
+def _overlap(a: np.ndarray, b: np.ndarray, normalized: bool) -> np.ndarray:
+    """Caffe's overlap of boxes ``a [4, ...]`` and ``b [4, ...]`` (coordinates first, so that
+    each is a contiguous row; the rest broadcast), in float32."""
+    ax0, ay0, ax1, ay1 = a
+    bx0, by0, bx1, by1 = b
+    width = np.minimum(ax1, bx1) - np.maximum(ax0, bx0)
+    height = np.minimum(ay1, by1) - np.maximum(ay0, by0)
+    overlapping = (width > 0) & (height > 0) if normalized else (width >= 0) & (height >= 0)
+    one = np.float32(0 if normalized else 1)
+    inter = (width + one) * (height + one)
+    union = ((ax1 - ax0 + one) * (ay1 - ay0 + one) + (bx1 - bx0 + one) * (by1 - by0 + one)) - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(overlapping, inter / union, np.float32(0))
+
+
+def _walk_by_bitmasks(ranked: np.ndarray, threshold: np.float32, normalized: bool) -> list[int]:
+    """``ranked``: the candidates' boxes, ``[4, K]``."""
+    clash = _overlap(ranked[:, :, None], ranked[:, None, :], normalized) > threshold
+    rows = np.packbits(clash, axis=1, bitorder="little")
+    kept, kept_mask = [], 0
+    for rank in range(ranked.shape[1]):
+        if not int.from_bytes(rows[rank].tobytes(), "little") & kept_mask:
+            kept.append(rank)
+            kept_mask |= 1 << rank
+    return kept
+
+
+def _walk_kept_boxes(ranked: np.ndarray, threshold: np.float32, eta: float, normalized: bool) -> list[int]:
+    """``ranked``: the candidates' boxes, ``[4, K]``."""
+    standing = np.ones(ranked.shape[1], dtype=bool)
+    factor = np.float32(eta)
+    kept: list[int] = []
+    rank = 0
+    while True:
+        remaining = np.flatnonzero(standing[rank:])
+        if not remaining.size:
+            return kept
+        rank += int(remaining[0])
+        standing[rank] = False
+        if kept and eta < 1 and (_overlap(ranked[:, rank], ranked[:, kept], normalized) > threshold).any():
+            continue
+        kept.append(rank)
+        standing[rank + 1:] &= _overlap(ranked[:, rank], ranked[:, rank + 1:], normalized) <= threshold
+        if eta < 1 and threshold > _HALF:
+            threshold = np.float32(threshold * factor)
 
 
 def _candidates(scores: np.ndarray, threshold: float, top_k: int) -> np.ndarray:
@@ -42,24 +81,10 @@ def greedy_nms(boxes: np.ndarray, scores: np.ndarray, *, confidence_threshold: f
                top_k: int, eta: float, normalized: bool) -> np.ndarray:
     """Prior indices Caffe's ``ApplyNMSFast`` keeps, in its order (score descending)."""
     order = _candidates(scores, confidence_threshold, top_k)
-    ranked = boxes[order]
-    standing = np.ones(len(order), dtype=bool)
-    threshold, factor = np.float32(nms_threshold), np.float32(eta)
-    kept: list[int] = []
-    rank = 0
-    while True:
-        remaining = np.flatnonzero(standing[rank:])
-        if not remaining.size:
-            break
-        rank += int(remaining[0])
-        standing[rank] = False
-        if kept and eta < 1 and (_overlap(ranked[rank], ranked[kept], normalized) > threshold).any():
-            continue
-        kept.append(rank)
-        standing[rank + 1:] &= _overlap(ranked[rank], ranked[rank + 1:], normalized) <= threshold
-        if eta < 1 and threshold > _HALF:
-            threshold = np.float32(threshold * factor)
-    return order[kept]
+    ranked, threshold = np.ascontiguousarray(boxes[order].T), np.float32(nms_threshold)
+    if eta >= 1 and len(order) <= MATRIX_LIMIT:
+        return order[_walk_by_bitmasks(ranked, threshold, normalized)]
+    return order[_walk_kept_boxes(ranked, threshold, eta, normalized)]
 
 
 @kernel("CaffeDetectionOutput", domain="edgeinfer")

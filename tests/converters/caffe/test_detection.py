@@ -311,6 +311,19 @@ def test_detection_output_matches_caffe(harness, case):
             assert_close(got, np.array([[0] + [-1] * 6, [1] + [-1] * 6], np.float32), rtol=0, atol=0)
 
 
+def test_kept_box_walk_matches_caffe_without_the_pairwise_matrix(harness, monkeypatch):
+    """The numpy kernel's other NMS path (many candidates, no pairwise matrix) at eta = 1."""
+    from edgeinfer.backends.numpy.kernels import detection
+
+    monkeypatch.setattr(detection, "MATRIX_LIMIT", 0)
+    per_class, params, oracle = CAFFE_CASES["corner_size_per_class"]
+    model, inputs = crowded_case(harness, "walk", per_class, params, seeds=2)
+    for seed, feeds in enumerate(inputs):
+        got = harness.run(model, feeds)["det"].reshape(-1, 7)
+        expected = caffe_detection_output(feeds["loc"], feeds["conf"], feeds["prior"], classes=CLASSES, **oracle)
+        assert_close(got, expected, rtol=BOX_RTOL, atol=BOX_ATOL, name=f"walk/{seed}")
+
+
 # -- the standard-ONNX lowering (onnxruntime) against the numpy kernel ----------------------------
 LOWERING_CASES = {
     **{name: (per_class, params) for name, (per_class, params, _) in CAFFE_CASES.items()},
@@ -354,3 +367,16 @@ def test_bad_detection_output_is_a_model_format_error(harness, params, priors_ch
     prototxt, _ = harness.write(text, "bad", weights=False)
     with pytest.raises(ModelFormatError, match=message or "expected num_classes >= 1, found none"):
         harness.convert(prototxt, None)
+
+
+def test_detection_net_round_trips_through_eim(harness, tmp_path):
+    import edgeinfer as ei
+
+    classes, shared, one_channel, params = NET_CASES["background_last_clip"]
+    prototxt, caffemodel = harness.write(ssd_net(classes, params), "eim")
+    model = harness.convert(prototxt, caffemodel)
+    model.save(tmp_path / "ssd.eim")
+    loaded = ei.load(tmp_path / "ssd.eim")
+    feeds = harness.feeds(model)
+    assert_close(harness.run(loaded, feeds)["detection_out"], harness.run(model, feeds)["detection_out"],
+                 rtol=0, atol=0)
