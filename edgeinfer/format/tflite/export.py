@@ -45,9 +45,11 @@ if TYPE_CHECKING:
 
 NCHW_TO_NHWC = (0, 2, 3, 1)
 INT8_MODES = ("none", "any", "same", "fixed")
-CANONICAL_PASSES = ("fuse_gelu", "fuse_bias_activation")  # give fused activations and Gelu
+# Constants folded, Gelu and fused activations recognised, before export.
+CANONICAL_PASSES = ("fold_constants", "fuse_gelu", "fuse_bias_activation")
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
 RELABELLING_OPS = ("Transpose", "Identity", "Dropout")  # the exporter writes no operator for these
+FOLDED_OPS = ("Constant",)  # folded into constants before export
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def find_rule(node: Node, graph: Graph) -> ExportRule | None:
 
 def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
-    if node.domain == "" and node.op_type in RELABELLING_OPS:
+    if node.domain == "" and node.op_type in RELABELLING_OPS + FOLDED_OPS:
         return None
     if node.domain == "" and node.op_type in QUANTIZE_OPS:
         return _check_quantize(node, graph)
@@ -223,7 +225,7 @@ def export_graph(graph: Graph, *, description: str = "edgeinfer") -> bytes:
 
 
 def prepare(graph: Graph) -> Graph:
-    """``graph`` typed, with Gelu and fused activations recognised (``CANONICAL_PASSES``) and
+    """``graph`` typed, constants folded, Gelu and fused activations recognised (``CANONICAL_PASSES``) and
     ``edgeinfer``-domain ops without an export rule lowered to standard ops."""
     from edgeinfer.ir.infer import infer_types
     from edgeinfer.ir.lowering import lower_graph

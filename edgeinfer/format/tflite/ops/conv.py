@@ -211,11 +211,18 @@ def conv_transpose(ctx: OpContext) -> None:
     in_hw, out_shape = ctx.shape(0)[2:], ctx.out_shape()
     out_hw = out_shape[2:]
     begins = [_conv_transpose_begin(ctx.node, in_hw[i], (kh, kw)[i], strides[i], out_hw[i], i) for i in range(2)]
-    tflite_same = [max(0, (-(-o // s) - 1) * s + k - o) // 2 for o, s, k in zip(out_hw, strides, (kh, kw), strict=True)]
-    if begins == tflite_same:
+    kernel = (kh, kw)
+    # TFLite derives the input size back from the output shape it is given: with SAME it must
+    # be ceil(out / stride), with VALID (out - kernel) // stride + 1.
+    tflite_same = [max(0, (-(-o // s) - 1) * s + k - o) // 2 for o, s, k in zip(out_hw, strides, kernel, strict=True)]
+    if begins == tflite_same and all(-(-o // s) == i for o, s, i in zip(out_hw, strides, in_hw, strict=True)):
         padding, full_hw = 0, tuple(out_hw)
     else:
-        padding, full_hw = 1, tuple(b + o for b, o in zip(begins, out_hw, strict=True))
+        padding = 1
+        full_hw = tuple(max((i - 1) * s + k, b + o) for i, s, k, b, o in zip(in_hw, strides, kernel, begins, out_hw, strict=True))
+        if any((f - k) // s + 1 != i for f, k, s, i in zip(full_hw, kernel, strides, in_hw, strict=True)):
+            raise ExportError(f"output size {tuple(out_hw)} with pads starting at {tuple(begins)} has no TFLite "
+                              "TRANSPOSE_CONV form")
     x = ctx.input(0, NCHW_TO_NHWC)
     weight = ctx.input(1, TRANSPOSED_FILTER)
     bias = int8_bias(ctx, 2, ctx.quant(1).scale, out_channels) if ctx.int8 else float_bias(ctx, 2, out_channels)

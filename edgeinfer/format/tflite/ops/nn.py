@@ -46,6 +46,10 @@ def _pool(opcode: str):
         strides = tuple(int(s) for s in ctx.attrs.get("strides", (1, 1)))
         in_nhwc = tuple(ctx.shape(0)[a] for a in NCHW_TO_NHWC)
         padding, pads = tflite_padding(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
+        if opcode == "AVERAGE_POOL_2D" and int(ctx.attrs.get("count_include_pad", 0)) and padding == "SAME":
+            # TFLite's SAME average leaves the padding out of the count; pad explicitly instead.
+            pads = explicit_pads(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
+            padding = "VALID" if pads is not None and any(pads) else padding
         x = ctx.input(0, NCHW_TO_NHWC)
         if pads is not None:
             x = pad_nhwc(ctx, x, pads, in_nhwc, value=-np.finfo(np.float32).max if opcode == "MAX_POOL_2D" else None)
