@@ -94,8 +94,6 @@ def _print_pass_report(passes: list) -> None:
 
 
 def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) -> dict[str, np.ndarray]:
-    from edgeinfer.ir import dtypes
-
     names = [t.name for t in model.inputs]
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -113,21 +111,12 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
             raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
                              f"({one_line(exc)})") from exc
     if random_inputs:
-        rng = np.random.default_rng(0)
-        for info in model.inputs:
-            if info.name in feeds:
-                continue
-            if info.shape is None or any(d is None for d in info.shape):
-                raise InputError(f"--random-inputs: input {info.name!r} has unknown dims {info.shape}; "
-                                 "pass it with --input")
-            shape = tuple(batch if isinstance(d, str) else d for d in info.shape)
-            dtype = dtypes.numpy_dtype(info.dtype)
-            if dtype.kind == "f":
-                feeds[info.name] = rng.standard_normal(shape).astype(dtype)
-            elif dtype.kind == "b":
-                feeds[info.name] = rng.integers(0, 2, shape).astype(dtype)
-            else:
-                feeds[info.name] = rng.integers(0, 10, shape).astype(dtype)
+        missing = [info.name for info in model.inputs if info.name not in feeds]
+        try:
+            generated = model.random_feeds(batch=batch)
+        except InputError as exc:
+            raise InputError(f"--random-inputs: {exc}; pass it with --input") from exc
+        feeds.update({name: generated[name] for name in missing})
     return feeds
 
 

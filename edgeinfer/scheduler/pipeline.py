@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import os
 import queue
 import threading
@@ -35,6 +34,7 @@ from edgeinfer.scheduler import compile_parts, make_plan
 from edgeinfer.scheduler.executors import SequentialExecutor
 from edgeinfer.scheduler.planner import (
     HANDOFF_SECONDS,
+    best_time,
     crossing_bytes,
     profile_nodes,
     replicate,
@@ -130,12 +130,7 @@ def _measure_stages(stages: Sequence[Stage], feeds: Mapping[str, Any], repeats: 
     message = dict(feeds)
     for stage in stages:
         out = stage.run(message)  # warm-up
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            stage.run(message)
-            best = min(best, time.perf_counter() - start)
-        seconds.append(best)
+        seconds.append(best_time(lambda s=stage, m=message: s.run(m), repeats))
         message = out
     return seconds
 

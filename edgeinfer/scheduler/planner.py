@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,14 +39,19 @@ def profile_nodes(graph: Graph, placed: Sequence[str], backends: Mapping[str, Ba
         executable = backends[name].compile(sub, options)
         node_feeds = {n: env[n] for n in sub.input_names}
         outputs = executable.run(node_feeds)  # warm-up, and the values the next nodes read
-        best = math.inf
-        for _ in range(repeats):
-            start = time.perf_counter()
-            executable.run(node_feeds)
-            best = min(best, time.perf_counter() - start)
+        costs.append(best_time(lambda e=executable, f=node_feeds: e.run(f), repeats))
         env.update(outputs)
-        costs.append(best)
     return costs, env
+
+
+def best_time(call: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in seconds (the least disturbed by the machine)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def crossing_bytes(graph: Graph) -> list[int]:

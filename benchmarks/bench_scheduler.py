@@ -1,0 +1,264 @@
+"""The scheduler against the engines a user would otherwise run directly, all in one run.
+
+Four measurements, each with every contender timed in interleaved rounds
+(``edgeinfer.benchmark.time_interleaved``) so machine noise hits them alike:
+
+1. overhead: edgeinfer's onnxruntime backend against raw onnxruntime on the same ONNX model
+   (median latency, batch 1);
+2. auto: ``Session(backend="auto")`` against every raw engine installed (onnxruntime,
+   OpenVINO, and LiteRT on the ``.tflite`` edgeinfer exports), on each model;
+3. streams: requests served by the pipeline planner (``Session.stream``, stages and replicas
+   chosen by measurement), a pure 2-stage pipeline without replicas, raw onnxruntime run one
+   request after another with all threads, and one 1-thread raw onnxruntime session per thread
+   serving requests in parallel (each request is one batch-1 inference: nothing is batched);
+4. DAG: the DAG-parallel executor against the sequential one on an inception-style net.
+
+Usage::
+
+    python benchmarks/bench_scheduler.py [--models mobilenet_v2 resnet50 transformer]
+        [--threads 2] [--rounds 30] [--requests 60] [--json results.json] [--markdown out.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from bench_openvino import raw_openvino  # the sibling script (benchmarks/ is sys.path[0])
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.bench import machine_facts
+from edgeinfer.benchmark import time_interleaved
+from edgeinfer.format.atomic import atomic_write_bytes
+
+MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
+    "mobilenet_v2": lambda: zoo.mobilenet_v2(size=224),
+    "resnet50": lambda: zoo.resnet50(size=224),
+    "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),  # BERT-mini sized block
+}
+Runner = Callable[[dict[str, np.ndarray]], Any]
+
+
+def raw_onnxruntime(proto: onnx.ModelProto, threads: int) -> Runner:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(None, feeds)
+
+
+def raw_litert(model: ei.Model, threads: int) -> Runner | None:
+    """LiteRT's interpreter on the .tflite edgeinfer writes (None if the model does not export)."""
+    try:
+        from ai_edge_litert import interpreter as litert
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model.tflite"
+        try:
+            ei.export(model, path)
+        except ei.EdgeInferError as exc:
+            print(f"  LiteRT skipped: {exc}")
+            return None
+        engine = litert.Interpreter(model_content=path.read_bytes(), num_threads=threads)
+    engine.allocate_tensors()
+    inputs = {d["name"]: d["index"] for d in engine.get_input_details()}
+    outputs = [d["index"] for d in engine.get_output_details()]
+
+    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        for name, array in feeds.items():
+            engine.set_tensor(inputs[name], array)
+        engine.invoke()
+        return [engine.get_tensor(i) for i in outputs]
+
+    return run
+
+
+def medians_ms(runs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 3) -> dict[str, float]:
+    times = time_interleaved(runs, rounds=rounds, warmup=warmup)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
+
+
+def bench_latency(name: str, proto: onnx.ModelProto, model: ei.Model, feeds: dict, *, threads: int,
+                  rounds: int, cache: Path) -> dict[str, Any]:
+    raw = {"onnxruntime": raw_onnxruntime(proto, threads)}
+    try:
+        raw["openvino"] = raw_openvino(proto, threads)
+    except ImportError:
+        pass
+    litert = raw_litert(model, threads)
+    if litert is not None:
+        raw["litert"] = litert
+    ours = ei.Session(model, backend="onnxruntime", threads=threads)
+    auto = ei.Session(model, backend="auto", threads=threads, cache=cache)
+    runs = {f"raw {engine}": (lambda r=r: r(feeds)) for engine, r in raw.items()}
+    runs["edgeinfer onnxruntime"] = lambda: ours.run(feeds)
+    runs["edgeinfer auto"] = lambda: auto.run(feeds)
+    ms = medians_ms(runs, rounds)
+    fastest = min((k for k in ms if k.startswith("raw ")), key=ms.get)
+    result = {
+        "model": name, "median_ms": ms, "auto_choice": "+".join(auto.auto_choice.backends),
+        "auto_measured_ms": auto.auto_choice.median_ms,
+        "overhead_vs_raw_onnxruntime": ms["edgeinfer onnxruntime"] / ms["raw onnxruntime"] - 1,
+        "fastest_raw": fastest, "auto_vs_fastest_raw": ms["edgeinfer auto"] / ms[fastest] - 1,
+    }
+    ours.close()
+    auto.close()
+    return result
+
+
+def parallel_sessions(proto: onnx.ModelProto, workers: int) -> Callable[[list[dict]], None]:
+    """``workers`` 1-thread raw onnxruntime sessions, each on its own thread, taking requests
+    from a shared list until it is empty."""
+    runners = [raw_onnxruntime(proto, 1) for _ in range(workers)]
+
+    def serve(requests: list[dict]) -> None:
+        position = iter(range(len(requests)))
+        lock = threading.Lock()
+
+        def work(runner: Runner) -> None:
+            while True:
+                with lock:
+                    index = next(position, None)
+                if index is None:
+                    return
+                runner(requests[index])
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in runners]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    return serve
+
+
+def bench_stream(name: str, proto: onnx.ModelProto, model: ei.Model, *, threads: int, requests: int,
+                 rounds: int) -> dict[str, Any]:
+    batch = [zoo.example_inputs(proto, seed=s) for s in range(8)]
+    stream_requests = [batch[i % len(batch)] for i in range(requests)]
+    raw = raw_onnxruntime(proto, threads)
+    parallel = parallel_sessions(proto, threads)
+    planned = ei.Session(model, backend="onnxruntime", threads=threads)
+    plan = planned.pipeline_plan(batch[0], stages="auto")
+    two = ei.Session(model, backend="onnxruntime", threads=threads)
+    pipe_plan = two.pipeline_plan(batch[0], stages=2, replicas=1)
+
+    def drain(session: ei.Session, **choice: Any) -> None:
+        for _ in session.stream(stream_requests, **choice):
+            pass
+
+    runs = {
+        "raw onnxruntime sequential": lambda: [raw(f) for f in stream_requests],
+        f"raw onnxruntime {threads}x1-thread sessions": lambda: parallel(stream_requests),
+        "edgeinfer stream (planner)": lambda: drain(planned, stages="auto"),
+        "edgeinfer stream (2 stages, no replicas)": lambda: drain(two, stages=2, replicas=1),
+    }
+    ms = medians_ms(runs, rounds, warmup=1)
+    per_s = {k: requests / (v / 1000) for k, v in ms.items()}
+    baseline = per_s["raw onnxruntime sequential"]
+    best_raw = max(baseline, per_s[f"raw onnxruntime {threads}x1-thread sessions"])
+    result = {"model": name, "requests": requests, "per_s": per_s, "plan": plan.describe(),
+              "two_stage_plan": pipe_plan.describe(),
+              "planner_vs_raw_sequential": per_s["edgeinfer stream (planner)"] / baseline,
+              "planner_vs_best_raw": per_s["edgeinfer stream (planner)"] / best_raw,
+              "two_stages_vs_raw_sequential": per_s["edgeinfer stream (2 stages, no replicas)"] / baseline}
+    planned.close()
+    two.close()
+    return result
+
+
+def bench_dag(*, threads: int, rounds: int) -> dict[str, Any]:
+    proto = zoo.inception_net(size=160, width=64)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto)
+    sessions = {f"{backend} {executor}": ei.Session(model, backend=backend, threads=threads, executor=executor)
+                for backend in ("onnxruntime", "numpy") for executor in ("sequential", "dag")}
+    ms = medians_ms({k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()}, rounds)
+    parts = len(sessions["onnxruntime dag"].plan.parts)
+    for session in sessions.values():
+        session.close()
+    return {"model": "inception_net(size=160, width=64)", "median_ms": ms, "dag_parts": parts,
+            "speedup": {b: ms[f"{b} sequential"] / ms[f"{b} dag"] for b in ("onnxruntime", "numpy")}}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [f"threads={results['threads']}, machine: {results['machine']['cpus']} CPUs, "
+             f"{results['machine']['processor'] or results['machine']['machine']}", "",
+             "| model | raw onnxruntime | raw OpenVINO | raw LiteRT | edgeinfer onnxruntime (overhead) "
+             "| edgeinfer auto (choice, vs fastest raw) |", "|---|---|---|---|---|---|"]
+    for r in results["latency"]:
+        ms = r["median_ms"]
+
+        def cell(key: str, ms=ms) -> str:
+            return f"{ms[key]:.2f} ms" if key in ms else "-"
+
+        lines.append(f"| {r['model']} | {cell('raw onnxruntime')} | {cell('raw openvino')} | {cell('raw litert')} "
+                     f"| {cell('edgeinfer onnxruntime')} ({r['overhead_vs_raw_onnxruntime']:+.1%}) "
+                     f"| {cell('edgeinfer auto')} ({r['auto_choice']}, {r['auto_vs_fastest_raw']:+.1%}) |")
+    if results["stream"]:
+        lines += ["", "| model (requests/s) | raw ORT sequential | raw ORT 1-thread sessions in parallel "
+                  "| edgeinfer stream, planner | edgeinfer 2 stages, no replicas | planner vs raw sequential |",
+                  "|---|---|---|---|---|---|"]
+        for r in results["stream"]:
+            values = list(r["per_s"].values())
+            lines.append(f"| {r['model']} | " + " | ".join(f"{v:.1f}" for v in values)
+                         + f" | {r['planner_vs_raw_sequential']:.2f}x |")
+    if results["dag"]:
+        d = results["dag"]
+        lines += ["", f"DAG executor on {d['model']} ({d['dag_parts']} parts): "
+                  + ", ".join(f"{k} {v:.2f} ms" for k, v in d["median_ms"].items())
+                  + "; speed-up " + ", ".join(f"{k} {v:.2f}x" for k, v in d["speedup"].items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=30, help="interleaved latency rounds")
+    parser.add_argument("--requests", type=int, default=60, help="requests per stream round")
+    parser.add_argument("--stream-rounds", type=int, default=3)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["latency", "stream", "dag"])
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--markdown", type=Path)
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"threads": args.threads, "machine": machine_facts(), "latency": [], "stream": [],
+                               "dag": None}
+    with tempfile.TemporaryDirectory() as cache:
+        for name in args.models:
+            proto = MODELS[name]()
+            model = ei.convert(proto)
+            feeds = zoo.example_inputs(proto)
+            if "latency" not in args.skip:
+                print(f"{name}: latency ...", flush=True)
+                results["latency"].append(bench_latency(name, proto, model, feeds, threads=args.threads,
+                                                        rounds=args.rounds, cache=Path(cache)))
+            if "stream" not in args.skip:
+                print(f"{name}: stream ...", flush=True)
+                results["stream"].append(bench_stream(name, proto, model, threads=args.threads,
+                                                      requests=args.requests, rounds=args.stream_rounds))
+    if "dag" not in args.skip:
+        print("inception: DAG ...", flush=True)
+        results["dag"] = bench_dag(threads=args.threads, rounds=args.rounds)
+    text = markdown(results)
+    print(text)
+    for r in results["stream"]:
+        print(f"\n{r['model']} planner's plan:\n{r['plan']}")
+    if args.json:
+        atomic_write_bytes(args.json, json.dumps(results, indent=1, default=str).encode())
+    if args.markdown:
+        atomic_write_bytes(args.markdown, (text + "\n").encode())
+
+
+if __name__ == "__main__":
+    main()
