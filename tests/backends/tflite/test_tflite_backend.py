@@ -1,0 +1,116 @@
+"""The tflite backend through the backend interface and ``Session``, and the export API/CLI."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import edgeinfer as ei
+from edgeinfer import zoo
+from edgeinfer.backend import CompileOptions, get_backend, installed_backends
+from edgeinfer.errors import BackendError, InputError, UnsupportedOpError
+from edgeinfer.testing import assert_close, parse_model
+
+GROUPED_CONV = """<ir_version: 8, opset_import: ["" : 17]>
+t (float[1, 4, 6, 6] x) => (float[1, 4, 6, 6] y) <float[4, 2, 1, 1] w = {1, 2, 3, 4, 5, 6, 7, 8}>
+{ r = Relu (x)
+  y = Conv <group = 2> (r, w) }"""
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    onnx_model = zoo.cnn_residual_depthwise()
+    return ei.convert(onnx_model), zoo.example_inputs(onnx_model, seed=5)
+
+
+def test_installed_and_not_thread_safe(cnn):
+    assert "tflite" in installed_backends()
+    backend = get_backend("tflite")
+    assert backend.name == "tflite" and backend.device == "cpu"
+    executable = backend.compile(cnn[0].graph, CompileOptions(threads=2))
+    assert executable.thread_safe is False
+    assert executable.stats()["num_threads"] == 2
+
+
+@pytest.mark.parametrize("op_resolver", ["auto", "builtin", "reference"])
+def test_session_matches_numpy(cnn, op_resolver):
+    model, feeds = cnn
+    expected = ei.Session(model).run(feeds)
+    got = ei.Session(model, backend="tflite", threads=1, op_resolver=op_resolver).run(feeds)
+    assert_close(got["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_batch_resizes_between_runs():
+    onnx_model = zoo.mlp_symbolic_batch()
+    model = ei.convert(onnx_model)
+    session = ei.Session(model, backend="tflite")
+    for batch in (3, 1, 4):
+        feeds = zoo.example_inputs(onnx_model, seed=batch, batch=batch)
+        assert_close(session.run(feeds)["probs"], ei.Session(model).run(feeds)["probs"], rtol=1e-4, atol=1e-6)
+
+
+def test_supports_reports_what_the_exporter_refuses():
+    model = ei.convert(parse_model(GROUPED_CONV), optimize=0)
+    backend = get_backend("tflite")
+    relu, conv = model.graph.nodes
+    assert backend.supports(relu, model.graph) is None
+    assert "grouped" in backend.supports(conv, model.graph)
+    with pytest.raises(BackendError, match="cannot run 1 node"):
+        backend.compile(model.graph, CompileOptions())
+
+
+def test_engine_option_errors():
+    with pytest.raises(BackendError, match="unknown engine option"):
+        get_backend("tflite", providers=["x"])
+    with pytest.raises(BackendError, match="op_resolver"):
+        get_backend("tflite", op_resolver="fast")
+    with pytest.raises(BackendError, match="cannot be loaded"):
+        get_backend("tflite", delegate="/nonexistent/libdelegate.so")
+
+
+def test_gpu_needs_a_delegate(caplog):
+    with pytest.raises(BackendError, match="needs a delegate"):
+        get_backend("tflite", device="gpu")
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.backends.tflite"):
+        backend = get_backend("tflite", device="npu", fallback=True)
+    assert backend.device == "cpu" and "falling back" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.backends.tflite"):
+        backend = get_backend("tflite", device="gpu", fallback=True, delegate="/nonexistent/libgpu.so")
+    assert backend.device == "cpu"
+
+
+def test_export_api_and_cli(cnn, tmp_path):
+    from edgeinfer.cli import main
+
+    model, feeds = cnn
+    eim = tmp_path / "cnn.eim"
+    model.save(eim)
+    result = CliRunner().invoke(main, ["export", str(eim), "-o", str(tmp_path / "cnn.tflite")], catch_exceptions=False)
+    assert result.exit_code == 0 and "wrote" in result.output
+    reimported = ei.convert(tmp_path / "cnn.tflite")
+    got = ei.Session(reimported).run({reimported.graph.input_names[0]: feeds["input"]})
+    assert_close(next(iter(got.values())), ei.Session(model).run(feeds)["logits"], rtol=1e-4, atol=1e-5)
+    assert ei.export(model, tmp_path / "cnn.onnx").stat().st_size > 0
+    bad = CliRunner().invoke(main, ["export", str(eim), "-o", str(tmp_path / "cnn.pb")])
+    assert bad.exit_code == 2 and "expected a path ending in one of .onnx, .tflite" in bad.output
+    with pytest.raises(InputError):
+        ei.export(model, tmp_path / "cnn.txt")
+
+
+def test_failed_export_leaves_no_file(tmp_path):
+    target = tmp_path / "grouped.tflite"
+    target.write_bytes(b"old")
+    with pytest.raises(UnsupportedOpError, match="grouped"):
+        ei.export(ei.convert(parse_model(GROUPED_CONV), optimize=0), target)
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["grouped.tflite"]
+
+
+def test_run_errors_are_backend_errors(cnn):
+    model, feeds = cnn
+    executable = get_backend("tflite").compile(model.graph, CompileOptions())
+    with pytest.raises(BackendError, match="failed to run"):
+        executable.run({"input": np.zeros((1, 3, 5), np.float32)})
