@@ -240,3 +240,15 @@ def test_crossing_bytes_counts_values_live_across_each_cut():
         expected = sum(int(np.prod([d if isinstance(d, int) else 1 for d in graph.values[n].shape])) * 4
                        for n in live)
         assert cross[j] == expected
+
+
+def test_replicated_stage_of_a_non_thread_safe_engine_gets_one_executable_per_worker(cnn):
+    proto, model = cnn
+    engine = FaultyBackend("single", thread_safe=False)
+    requests = requests_for(proto, 24, seed=80)
+    reference = ei.Session(model, backend="numpy")
+    with ei.Session(model, backend=[engine, "numpy"], threads=2) as session:
+        outs = list(session.stream(requests, stages=1, replicas=2))
+    assert engine.violations == 0
+    for out, request in zip(outs, requests):
+        assert_close(out["logits"], reference.run(request)["logits"])
