@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.backends.numpy.kernels.matmul import matmul
+from edgeinfer.backends.numpy.kernels.softmax import softmax
 from edgeinfer.backends.numpy.registry import KERNELS, KernelContext, kernel
 from edgeinfer.ir import lowering as ei_ops
 
@@ -162,12 +164,11 @@ def attention(q, k, v, mask=None, *, num_heads: int, scale: float = 1.0):
     heads_q = q.reshape(batch, seq, num_heads, -1).transpose(0, 2, 1, 3)
     heads_k = k.reshape(k.shape[0], k.shape[1], num_heads, -1).transpose(0, 2, 3, 1)
     heads_v = v.reshape(v.shape[0], v.shape[1], num_heads, -1).transpose(0, 2, 1, 3)
-    scores = np.matmul(heads_q, heads_k)
+    # the MatMul, Softmax and MatMul kernels of its lowering, so fusing changes no result and
+    # half-precision inputs compute and round as those ops do (and stay in their dtype)
+    scores = matmul(heads_q, heads_k)
     scores *= q.dtype.type(scale)
     if mask is not None:
         scores = _add_bias(scores, mask)
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    context = np.matmul(scores, heads_v)
+    context = matmul(softmax(scores, axis=-1), heads_v)
     return context.transpose(0, 2, 1, 3).reshape(batch, seq, -1)

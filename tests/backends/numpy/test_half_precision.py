@@ -151,3 +151,56 @@ def test_bf16_softmax_over_a_long_row_sums_in_float32():
     got = _numpy_run(_softmax_model("Softmax", "bfloat16", -1, (1, keys)),
                      np.zeros((1, keys), dtype=ml_dtypes.bfloat16))
     assert_close(got.astype(np.float64), np.full((1, keys), 1.0 / keys))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_attention_computes_as_its_standard_ops(dtype, masked, rng):
+    """edgeinfer::Attention against the reference evaluator on the same math in standard ops
+    (MatMul, Mul by the scale, Add of the mask, Softmax, MatMul): same dtype, same values."""
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+
+    from edgeinfer.ir import Graph, Node, Value
+
+    batch, seq, keys, heads, size = 2, 5, 7, 2, 4
+    scale = 0.5
+    text_type = {"float32": "float"}.get(dtype, dtype)  # as onnx.parser spells it
+    mask_input = f", {text_type}[{seq}, {keys}] mask" if masked else ""
+    reference = parse_model(f"""
+        <ir_version: 9, opset_import: ["" : 21]>
+        g ({text_type}[{batch}, {heads}, {seq}, {size}] q, {text_type}[{batch}, {heads}, {size}, {keys}] k,
+           {text_type}[{batch}, {heads}, {keys}, {size}] v{mask_input})
+          => ({text_type}[{batch}, {heads}, {seq}, {size}] y)
+        {{
+            scale_float = Constant <value = float[1] {{{scale}}}> ()
+            s = CastLike(scale_float, q)
+            scores = MatMul(q, k)
+            scaled = Mul(scores, s)
+            {"biased = Add(scaled, mask)" if masked else "biased = Identity(scaled)"}
+            probs = Softmax <axis = -1> (biased)
+            y = MatMul(probs, v)
+        }}""")
+    q, k, v = (rng.standard_normal((batch, n, heads * size)).astype(dtype) for n in (seq, keys, keys))
+    mask = np.where(rng.random((seq, keys)) < 0.3, -np.inf, 0.0).astype(dtype)
+    mask[:, 0] = 0  # no row fully masked
+    inputs = [Value("q", dtype, q.shape), Value("k", dtype, k.shape), Value("v", dtype, v.shape)]
+    inputs += [Value("mask", dtype, mask.shape)] if masked else []
+    node = Node("Attention", [i.name for i in inputs], ["y"], {"num_heads": heads, "scale": scale},
+                domain="edgeinfer")
+    fused = ei.Model(Graph([node], inputs, [Value("y", dtype, (batch, seq, heads * size))], {},
+                           opset={"": 21, "edgeinfer": 1}))
+    feeds = {"q": q, "k": k, "v": v, **({"mask": mask} if masked else {})}
+    got = ei.Session(fused, backend="numpy").run(feeds)["y"]
+
+    def split(x):
+        return x.reshape(batch, x.shape[1], heads, size).transpose(0, 2, 1, 3)
+
+    reference_feeds = {"q": split(q), "k": split(k).transpose(0, 1, 3, 2), "v": split(v),
+                       **({"mask": mask} if masked else {})}
+    want = ReferenceEvaluator(reference, new_ops=[Float32SumSoftmax]).run(None, reference_feeds)[0]
+    want = want.transpose(0, 2, 1, 3).reshape(batch, seq, heads * size)
+    assert got.dtype == want.dtype == np.dtype(dtype)
+    if dtype == "float32":  # BLAS and numpy's matmul sum in different orders
+        assert_close(got, want)
+    else:
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
