@@ -71,9 +71,13 @@ class Step:
 
     def store(self, values: dict, result: Any) -> None:
         """Bind the kernel's result (one value, or a tuple/list of one value per output)."""
-        if not isinstance(result, (tuple, list)) or self.single_value:
-            result = (result,)
         names = self.names
+        if not isinstance(result, (tuple, list)) or self.single_value:
+            if len(names) == 1:  # the common case, kept short: it runs once per step
+                if names[0]:
+                    values[names[0]] = np.asarray(result) if isinstance(result, np.generic) else result
+                return
+            result = (result,)
         if len(result) < len(names):
             raise BackendError(f"{self.node.label}: kernel returned {len(result)} outputs, "
                                f"expected {len(names)}")
@@ -148,10 +152,13 @@ def _bind_kernel(node: Node, graph: Graph, fn: Callable) -> Callable[[dict], Any
     while names and not names[-1]:
         names.pop()  # trailing omitted inputs: let the kernel's defaults apply
 
-    def call(values: dict) -> Any:
-        return fn(*[values[n] if n else None for n in names], **attrs)
-
-    return call
+    if len(names) == 1 and names[0]:  # most ops: one input, two inputs; no list to build per call
+        only = names[0]
+        return lambda values: fn(values[only], **attrs)
+    if len(names) == 2 and all(names):
+        first, second = names
+        return lambda values: fn(values[first], values[second], **attrs)
+    return lambda values: fn(*[values[n] if n else None for n in names], **attrs)
 
 
 class NumpyExecutable(Executable):
