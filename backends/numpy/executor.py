@@ -114,6 +114,10 @@ class SubgraphKernel:
     def __call__(self, values: dict) -> tuple:
         raise NotImplementedError
 
+    def body_error(self, exc: EdgeInferError, where: str) -> EdgeInferError:
+        """``exc`` (raised inside a body) of the same type, saying which node, body and iteration."""
+        return type(exc)(f"{self.node.label} {where}: {exc}")
+
 
 def _is_subgraph_kernel(fn: Any) -> bool:
     return isinstance(fn, type) and issubclass(fn, SubgraphKernel)

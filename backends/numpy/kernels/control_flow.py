@@ -13,7 +13,7 @@ import numpy as np
 from edgeinfer.backends.numpy.executor import NumpyExecutable, SubgraphKernel
 from edgeinfer.backends.numpy.kernels._general import scalar_of
 from edgeinfer.backends.numpy.registry import kernel
-from edgeinfer.errors import ModelValidationError, UnsupportedOpError
+from edgeinfer.errors import EdgeInferError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Node, dtypes
 
 
@@ -45,8 +45,12 @@ class If(SubgraphKernel):
             check_arity(node, branch, len(branch.input_names), len(node.outputs))
 
     def __call__(self, values: dict) -> tuple:
-        branch = self.then_branch if bool(scalar_of(values[self.node.inputs[0]], "cond")) else self.else_branch
-        return tuple(branch.evaluate({n: values[n] for n in branch.outer_names}))
+        taken = bool(scalar_of(values[self.node.inputs[0]], "cond"))
+        branch = self.then_branch if taken else self.else_branch
+        try:
+            return tuple(branch.evaluate({n: values[n] for n in branch.outer_names}))
+        except EdgeInferError as exc:
+            raise self.body_error(exc, "then_branch" if taken else "else_branch") from exc
 
 
 @kernel("Loop", since=1)
@@ -71,16 +75,19 @@ class Loop(SubgraphKernel):
         feeds = {n: values[n] for n in body.outer_names}
         iteration_name, condition_name, *carried_names = body.input_names
         iteration = 0
-        while going and (trip is None or iteration < trip):
-            feeds[iteration_name] = np.array(iteration, dtype=np.int64)
-            feeds[condition_name] = np.array(going)
-            feeds.update(zip(carried_names, state))
-            outputs = body.evaluate(feeds)
-            if self.condition:  # with no cond input the body's cond output is ignored (spec)
-                going = bool(scalar_of(outputs[0], "the body's cond output"))
-            state = outputs[1:1 + carried_count]
-            for items, value in zip(scans, outputs[1 + carried_count:]):
-                items.append(value)
-            iteration += 1
+        try:
+            while going and (trip is None or iteration < trip):
+                feeds[iteration_name] = np.array(iteration, dtype=np.int64)
+                feeds[condition_name] = np.array(going)
+                feeds.update(zip(carried_names, state))
+                outputs = body.evaluate(feeds)
+                if self.condition:  # with no cond input the body's cond output is ignored (spec)
+                    going = bool(scalar_of(outputs[0], "the body's cond output"))
+                state = outputs[1:1 + carried_count]
+                for items, value in zip(scans, outputs[1 + carried_count:]):
+                    items.append(value)
+                iteration += 1
+        except EdgeInferError as exc:
+            raise self.body_error(exc, f"body, iteration {iteration}") from exc
         stacked = [stack_outputs(items, body, 1 + carried_count + k) for k, items in enumerate(scans)]
         return (*state, *stacked)

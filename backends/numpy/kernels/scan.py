@@ -15,24 +15,30 @@ from edgeinfer.backends.numpy.executor import NumpyExecutable, SubgraphKernel
 from edgeinfer.backends.numpy.kernels._general import int_list, normalize_axis
 from edgeinfer.backends.numpy.kernels.control_flow import check_arity, stack_outputs
 from edgeinfer.backends.numpy.registry import kernel
-from edgeinfer.errors import ModelValidationError
+from edgeinfer.errors import EdgeInferError, ModelValidationError
 from edgeinfer.ir import Node
 
 
-def scan_steps(body: NumpyExecutable, feeds: dict, states: list, sequences: list, reverse: list[bool],
+def scan_steps(kernel: _ScanBase, feeds: dict, states: list, sequences: list, reverse: list[bool],
                length: int) -> tuple[list, list[list]]:
-    """Run ``body`` ``length`` times over ``sequences`` (scan axis first): final states and the
+    """Run the body ``length`` times over ``sequences`` (scan axis first): final states and the
     per-step scan outputs in iteration order."""
+    body = kernel.body
     state_names = body.input_names[:len(states)]
     slice_names = body.input_names[len(states):]
     outputs: list[list] = [[] for _ in range(len(body.output_names) - len(states))]
-    for t in range(length):
-        feeds.update(zip(state_names, states))
-        feeds.update((n, x[length - 1 - t] if back else x[t]) for n, x, back in zip(slice_names, sequences, reverse))
-        results = body.evaluate(feeds)
-        states = results[:len(states)]
-        for items, value in zip(outputs, results[len(states):]):
-            items.append(value)
+    t = 0
+    try:
+        for t in range(length):
+            feeds.update(zip(state_names, states))
+            feeds.update((n, x[length - 1 - t] if back else x[t])
+                         for n, x, back in zip(slice_names, sequences, reverse))
+            results = body.evaluate(feeds)
+            states = results[:len(states)]
+            for items, value in zip(outputs, results[len(states):]):
+                items.append(value)
+    except EdgeInferError as exc:
+        raise kernel.body_error(exc, f"body, step {t}") from exc
     return states, outputs
 
 
@@ -67,7 +73,7 @@ class Scan(_ScanBase):
         if len(lengths) != 1:
             raise ValueError(f"every scan input must have the same length on its scan axis, found {sorted(lengths)}")
         feeds = {n: values[n] for n in self.body.outer_names}
-        states, outputs = scan_steps(self.body, feeds, states, sequences, self.input_reverse, lengths.pop())
+        states, outputs = scan_steps(self, feeds, states, sequences, self.input_reverse, lengths.pop())
         stacked = []
         for k, (items, axis, back) in enumerate(zip(outputs, self.output_axes, self.output_reverse)):
             out = stack_outputs(items[::-1] if back else items, self.body, self.state_count + k)
@@ -94,7 +100,7 @@ class ScanBatched(_ScanBase):
         feeds = {n: values[n] for n in self.body.outer_names}
         finals, per_batch = [], []
         for b, length in enumerate(lengths):
-            states, outputs = scan_steps(self.body, feeds, [s[b] for s in initial],
+            states, outputs = scan_steps(self, feeds, [s[b] for s in initial],
                                          [x[b, :length] for x in scanned], self.reverse, length)
             finals.append(states)
             per_batch.append(outputs)

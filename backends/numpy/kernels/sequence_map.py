@@ -9,6 +9,7 @@ from __future__ import annotations
 from edgeinfer.backends.numpy.executor import NumpyExecutable, SubgraphKernel
 from edgeinfer.backends.numpy.kernels.control_flow import check_arity
 from edgeinfer.backends.numpy.registry import kernel
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.ir import Node
 
 
@@ -28,8 +29,12 @@ class SequenceMap(SubgraphKernel):
                              f"found lengths {sorted(lengths)}")
         feeds = {n: values[n] for n in self.body.outer_names}
         outputs: list[list] = [[] for _ in self.body.output_names]
-        for i in range(length):
-            feeds.update((n, v[i] if isinstance(v, list) else v) for n, v in zip(self.body.input_names, inputs))
-            for items, value in zip(outputs, self.body.evaluate(feeds)):
-                items.append(value)
+        i = 0
+        try:
+            for i in range(length):
+                feeds.update((n, v[i] if isinstance(v, list) else v) for n, v in zip(self.body.input_names, inputs))
+                for items, value in zip(outputs, self.body.evaluate(feeds)):
+                    items.append(value)
+        except EdgeInferError as exc:
+            raise self.body_error(exc, f"body, position {i}") from exc
         return tuple(outputs)
