@@ -8,6 +8,7 @@ what was given.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -33,7 +34,12 @@ class Session:
     A ``Backend`` object may stand in a list for a name (an engine of your own).
     ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
     ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
-    ``executor``: ``"sequential"`` or ``"dag"`` (independent branches at once).
+    ``executor``: ``"sequential"``, ``"dag"`` (independent branches at once) or ``"ray"`` (each
+    pipeline stage a Ray actor; ``address=None`` starts a local Ray instance, or give
+    ``"ray://host:port"`` / ``"auto"``; ``stage_resources`` is one dict of Ray actor resources
+    (``num_cpus``, ``num_gpus``, ``resources={"npu": 1}``) for every stage or a list of them;
+    ``ray_options`` takes ``transfer_bytes_per_second``, ``max_restarts`` and ``ray_init``).
+    ``stages`` / ``replicas``: the pipeline shape ``stream`` uses by default (and Ray always).
     Engine options go to a single backend as keywords, or as ``backend_options={name: {...}}``.
 
     ``run`` may be called from many threads at once; ``run_async`` returns a future;
@@ -45,7 +51,10 @@ class Session:
                  threads: int | None = None, *, device: str = "cpu", fallback: bool = False,
                  executor: str = "sequential", debug: bool | None = None,
                  backend_options: Mapping[str, Mapping[str, Any]] | None = None,
-                 cache: str | os.PathLike | bool | None = None, **engine_options: Any):
+                 cache: str | os.PathLike | bool | None = None, stages: int | str | None = "auto",
+                 replicas: int | Sequence[int] | str | None = "auto", address: str | None = None,
+                 stage_resources: Any = None, ray_options: Mapping[str, Any] | None = None,
+                 **engine_options: Any):
         from edgeinfer import scheduler
 
         if not isinstance(model, Model):
@@ -64,8 +73,22 @@ class Session:
                 raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
                                    f"{backend!r} give backend_options={{name: {{...}}}}")
             options[backend] = {**options.get(backend, {}), **engine_options}
-        self._backend_options = options
-        self._fallback = fallback
+        self.backend_options = options
+        self.fallback = fallback
+        if executor not in (*scheduler.EXECUTORS, "ray"):
+            raise BackendError(f"executor {executor!r}: expected one of {', '.join(scheduler.EXECUTORS)}, ray")
+        from edgeinfer.scheduler.pipeline import check_choice
+
+        check_choice(stages, replicas)
+        self.stages, self.replicas = stages, replicas
+        self._ray_settings = None
+        if executor == "ray":
+            from edgeinfer.scheduler.ray_executor import import_ray, ray_settings
+
+            import_ray()  # a clear error now if Ray is missing
+            self._ray_settings = ray_settings(address, stage_resources, ray_options)
+            if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
+                raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
         if backend == "auto":
             from edgeinfer.scheduler.auto import choose_backends
 
@@ -84,7 +107,8 @@ class Session:
         else:
             self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
             self.plan = scheduler.make_plan(model.graph, self.backends, branches=executor == "dag")
-            self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=executor,
+            local = "sequential" if executor == "ray" else executor  # Ray: local runner only plans
+            self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=local,
                                                     debug=self.debug)
         self.executor = executor
         self._inputs = model.inputs
@@ -94,6 +118,7 @@ class Session:
         self._streams: weakref.WeakSet = weakref.WeakSet()
         self.stage_plans: dict[Any, Any] = {}  # stream plans by (stages, replicas, input shapes)
         self._lock = threading.Lock()
+        self._ray = None  # the RayPipeline, made on the first request
         self._closed = False
 
     @property
@@ -113,8 +138,12 @@ class Session:
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run once. ``feeds`` maps input name -> array; returns output name -> array."""
         self._check_open()
-        results = self._runner.run(self._check_feeds(feeds))
-        return self._select(results, outputs)
+        return self._select(self._run_checked(self._check_feeds(feeds)), outputs)
+
+    def _run_checked(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self._ray_settings is not None:
+            return next(iter(self._ray_pipeline(checked).serve([checked])))
+        return self._runner.run(checked)
 
     def run_async(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> Future:
         """Start a run and return a ``concurrent.futures.Future`` of its outputs. Feeds are checked
@@ -130,10 +159,10 @@ class Session:
             if self._async_pool is None:
                 workers = max(1, (os.cpu_count() or 1) // (self.threads or os.cpu_count() or 1))
                 self._async_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-async")
-        return self._async_pool.submit(lambda: self._select(self._runner.run(checked), outputs))
+        return self._async_pool.submit(lambda: self._select(self._run_checked(checked), outputs))
 
-    def stream(self, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None = "auto",
-               replicas: int | Sequence[int] | str | None = "auto", max_in_flight: int | None = None,
+    def stream(self, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None = None,
+               replicas: int | Sequence[int] | str | None = None, max_in_flight: int | None = None,
                timeout: float | None = None, outputs: list[str] | None = None) -> Iterator[dict[str, np.ndarray]]:
         """Serve an iterable of feeds through a pipeline of stages; yields outputs in input order.
 
@@ -143,11 +172,17 @@ class Session:
         Memory stays bounded whatever the stream's length (``max_in_flight`` requests at most).
         ``timeout``: seconds a request may take once started (``RequestTimeoutError``).
         Closing the returned generator (or breaking out of the loop) cancels the rest.
+        ``stages`` and ``replicas`` default to the session's; with ``executor="ray"`` the
+        session's actors serve every stream.
         """
         from edgeinfer.scheduler import pipeline
 
         self._check_open()
+        stages = self.stages if stages is None else stages
+        replicas = self.replicas if replicas is None else replicas
         pipeline.check_choice(stages, replicas)
+        if self._ray_settings is not None:
+            return self._ray_stream(requests, max_in_flight=max_in_flight, timeout=timeout, outputs=outputs)
         return pipeline.stream(self, requests, stages=stages, replicas=replicas, max_in_flight=max_in_flight,
                                timeout=timeout, check=self._check_feeds,
                                select=lambda results: self._select(results, outputs), register=self._register)
@@ -166,6 +201,34 @@ class Session:
         if key not in self.stage_plans:
             self.stage_plans[key] = plan_stages(self, checked, stages=stages, replicas=replicas)
         return self.stage_plans[key]
+
+    def _ray_stream(self, requests: Iterable[Mapping[str, Any]], *, max_in_flight: int | None,
+                    timeout: float | None, outputs: list[str] | None) -> Iterator[dict[str, np.ndarray]]:
+        source = iter(requests)
+        try:
+            first = next(source)
+        except StopIteration:
+            return
+        ray_pipeline = self._ray_pipeline(self._check_feeds(first))
+        yield from ray_pipeline.serve(itertools.chain([first], source), check=self._check_feeds,
+                                      select=lambda results: self._select(results, outputs),
+                                      max_in_flight=max_in_flight, timeout=timeout)
+
+    def _ray_pipeline(self, sample: dict[str, Any]) -> Any:
+        """The session's Ray stage actors, planned and started on the first request."""
+        from edgeinfer.scheduler.ray_executor import RayPipeline
+
+        with self._lock:
+            self._check_open()
+            if self._ray is None:
+                self._ray = RayPipeline(self, sample, stages=self.stages, replicas=self.replicas,
+                                        **self._ray_settings)
+            return self._ray
+
+    @property
+    def ray_pipeline(self) -> Any:
+        """The Ray stage actors and their plan (None before the first request, or without Ray)."""
+        return self._ray
 
     def _register(self, pipeline: Any) -> None:
         with self._lock:
@@ -188,8 +251,11 @@ class Session:
                 return
             self._closed = True
             pool, self._async_pool = self._async_pool, None
+            ray_pipeline, self._ray = self._ray, None
         for pipeline in list(self._streams):
             pipeline.close()
+        if ray_pipeline is not None:
+            ray_pipeline.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         self._runner.close()

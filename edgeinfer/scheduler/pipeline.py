@@ -160,9 +160,9 @@ def _split_measured(session: Session, costs: list[float], cross: list[float], k:
 
 def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = "auto",
                 replicas: int | Sequence[int] | str | None = "auto", measure: bool = True,
-                transfer_bytes_per_second: float | None = None) -> StagePlan:
-    """Plan a pipeline for ``session`` on this machine (``session.threads`` workers, default
-    all cores), profiling with ``feeds`` (default: the model's random feeds at batch 1).
+                transfer_bytes_per_second: float | None = None, workers: int | None = None) -> StagePlan:
+    """Plan a pipeline for ``session`` over ``workers`` (default ``session.threads``, else all
+    cores), profiling with ``feeds`` (default: the model's random feeds at batch 1).
 
     A cut costs a hand-off between threads; with ``transfer_bytes_per_second`` (stages on other
     machines) also the bytes crossing it, so cuts go where activations are small. Local stages
@@ -170,7 +170,7 @@ def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, sta
     check_choice(stages, replicas)
     feeds = dict(feeds) if feeds is not None else session.model.random_feeds()
     graph = session.model.graph
-    workers = session.threads or os.cpu_count() or 1
+    workers = workers or session.threads or os.cpu_count() or 1
     if not graph.nodes:
         raise BackendError("stream: the model has no nodes to pipeline")
     by_name = {b.name: b for b in session.backends}
