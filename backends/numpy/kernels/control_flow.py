@@ -61,8 +61,9 @@ class Loop(SubgraphKernel):
         padded = list(node.inputs) + [""] * (2 - len(node.inputs))
         self.trip_count, self.condition, self.carried = padded[0], padded[1], padded[2:]
         if not self.trip_count and not self.condition:
-            raise UnsupportedOpError(f"{node.label}: a Loop with neither a trip count M nor a condition "
-                                     "never ends (expected at least one of them)")
+            raise UnsupportedOpError(f"{node.label}: expected a trip count M or a cond input, found neither: "
+                                     "the Loop never ends (with no cond input the spec ignores the body's "
+                                     "cond output)")
         check_arity(node, body, 2 + len(self.carried), 1 + len(self.carried))
         self.scan_count = len(body.output_names) - 1 - len(self.carried)
 

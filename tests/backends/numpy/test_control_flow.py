@@ -325,11 +325,27 @@ def test_backend_supports_names_an_unsupported_op_inside_a_body():
     assert reason is not None and "Frobnicate" in reason and "subgraph" in reason
 
 
+def test_loop_without_cond_input_ignores_the_body_condition_as_specified():
+    """ONNX's table for input (trip_count, ""): ``for (i = 0; i < trip_count; ++i) { cond = ...; // ignored }``.
+    (onnxruntime 1.2x stops on the body's cond here; the spec is the oracle: x doubled each trip.)"""
+    model = model_of("""agraph (float[2] x, int64 m) => (float[2] y, float[?,2] ys) {
+        y, ys = Loop(m, "", x) <body = step (int64 i, bool c, float[2] a) => (bool c_out, float[2] b, float[2] s) {
+            b = Add(a, a)
+            c_out = Constant<value = bool {0}>()
+            s = Identity(b)
+        }>
+    }""")
+    x = np.array([1.0, -3.0], np.float32)
+    got = numpy_session(model).run({"x": x, "m": np.array(3, np.int64)})
+    assert_close(got["y"], x * 8)
+    assert_close(got["ys"], np.stack([x * 2, x * 4, x * 8]))
+
+
 def test_loop_that_never_ends_is_refused_at_compile_time():
     model = model_of(LOOP_WITH_STATE)
     loop = next(n for n in model.graph.node if n.op_type == "Loop")
     loop.input[0], loop.input[1] = "", ""
-    with pytest.raises(UnsupportedOpError, match=r"Loop.*neither a trip count M nor a condition"):
+    with pytest.raises(UnsupportedOpError, match=r"Loop.*expected a trip count M or a cond input, found neither"):
         compiled(model)
 
 
