@@ -171,9 +171,7 @@ def fused_code(activation: str, params: Sequence[float], *, int8: bool = False) 
         return 1
     if activation == "Clip":
         return FUSABLE_CLIPS.get(tuple(float(p) for p in params))
-    if activation == "Tanh" and not int8:
-        return 4
-    return None
+    return None  # TANH as a fused activation is refused by FULLY_CONNECTED and ignored by some kernels
 
 
 def node_fused_code(node: Node, *, int8: bool = False) -> int | None:

@@ -88,6 +88,8 @@ class Exporter:
 
     def shape(self, name: str) -> tuple:
         value = self.values.get(name)
+        if (value is None or value.shape is None) and name in self.views:  # a float result stored as int8
+            value = self.values.get(self.views[name])
         if value is None or value.shape is None:
             raise ExportError(f"value {name!r} has no known shape (TFLite needs every rank)")
         return value.shape

@@ -23,13 +23,13 @@ def check_pool(node: Node, graph: Graph) -> str | None:
     strides = tuple(int(s) for s in node.attrs.get("strides", (1, 1)))
     pads = explicit_pads(node, x.shape[2:], kernel, strides, (1, 1))
     if int(node.attrs.get("ceil_mode", 0)):
-        if pads is None or not x.is_static:
+        if pads is None or not all(isinstance(d, int) for d in x.shape[2:]):
             return "ceil_mode needs static spatial dims"
         for size, k, s, before, after in zip(x.shape[2:], kernel, strides, pads[:2], pads[2:], strict=True):
             if (size + before + after - k) % s:
                 return "ceil_mode changes the output size here; TFLite pools with floor"
     if node.op_type == "AveragePool" and pads is not None and any(pads):
-        same = x.is_static and pads == _same(x.shape[2:], kernel, strides)
+        same = all(isinstance(d, int) for d in x.shape[2:]) and pads == _same(x.shape[2:], kernel, strides)
         if not same and not int(node.attrs.get("count_include_pad", 0)):
             return "AveragePool with explicit pads that exclude padding from the count has no TFLite form"
     return None

@@ -145,3 +145,59 @@ def cast(ctx: OpContext) -> None:
     ctx.op("CAST", [ctx.float_input(0, perm)], [ctx.output(0, perm)], options="CastOptions",
            in_data_type=TENSOR_TYPE_CODES[source], out_data_type=TENSOR_TYPE_CODES[target])
 
+
+
+def check_tile(node: Node, graph: Graph) -> str | None:
+    repeats = graph.values.get(node.inputs[1])
+    return None if repeats is not None and repeats.const is not None else "the repeats must be constant"
+
+
+@export_rule("Tile", check=check_tile, int8="same", int8_inputs=(0,))
+def tile(ctx: OpContext) -> None:
+    perm = ctx.layout(0)
+    repeats = ctx.const(1).reshape(-1)
+    ctx.op("TILE", [ctx.input(0, perm), ctx.int32([int(repeats[a]) for a in perm], "multiples")],
+           [ctx.output(0, perm)])
+
+
+def check_expand(node: Node, graph: Graph) -> str | None:
+    y = graph.values.get(node.outputs[0])
+    if y is None or y.shape is None or not all(isinstance(d, int) for d in y.shape):
+        return "Expand needs a static output shape"
+    return None
+
+
+@export_rule("Expand", check=check_expand, int8="same", int8_inputs=(0,))
+def expand(ctx: OpContext) -> None:
+    ctx.op("BROADCAST_TO", [ctx.input(0), ctx.int32(list(ctx.out_shape()), "shape")], [ctx.output(0)])
+
+
+def split_sizes(node: Node, graph: Graph) -> list[int] | None:
+    x = graph.values[node.inputs[0]]
+    axis = int(node.attrs.get("axis", 0)) % x.rank
+    if len(node.inputs) > 1 and node.inputs[1]:
+        sizes = graph.values[node.inputs[1]].const
+        return None if sizes is None else [int(s) for s in sizes.reshape(-1)]
+    if "split" in node.attrs:
+        return [int(s) for s in node.attrs["split"]]
+    outputs = [graph.values.get(name) for name in node.outputs]
+    if any(v is None or v.shape is None or not isinstance(v.shape[axis], int) for v in outputs):
+        return None
+    return [v.shape[axis] for v in outputs]
+
+
+def check_split(node: Node, graph: Graph) -> str | None:
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.rank is None:
+        return "the input rank must be known"
+    return None if split_sizes(node, graph) is not None else "the split sizes must be known at export"
+
+
+@export_rule("Split", check=check_split)
+def split(ctx: OpContext) -> None:
+    perm = ctx.layout(0)
+    axis = perm.index(int(ctx.attrs.get("axis", 0)) % ctx.rank(0))
+    sizes = split_sizes(ctx.node, ctx.exp.graph)
+    outputs = [ctx.output(k, perm) for k in range(len(ctx.node.outputs))]
+    ctx.op("SPLIT_V", [ctx.input(0, perm), ctx.int32(sizes, "sizes"), ctx.constant(np.int32(axis), "axis")], outputs,
+           options="SplitVOptions", num_splits=len(sizes))
