@@ -374,8 +374,12 @@ def lower_attention(node: Node, ctx: LoweringContext) -> Lowered:
                       Node("Transpose", [split_value], [heads_value], {"perm": perm})]
         heads_of[name] = heads_value
     scores, scaled, probs, context, context_t = (tmp(t) for t in ("scores", "scaled", "probs", "context", "context_t"))
-    out.nodes += [Node("MatMul", [heads_of["q"], heads_of["k"]], [scores], name=node.name),
-                  Node("Mul", [scores, scale_c], [scaled])]
+    out.nodes.append(Node("MatMul", [heads_of["q"], heads_of["k"]], [scores], name=node.name))
+    if ctx.opset >= 15:  # the scale in the scores' own type (fp16/bf16 attention), folded by engines
+        typed_scale = tmp("scale_typed")
+        out.nodes.append(Node("CastLike", [scale_c, scores], [typed_scale]))
+        scale_c = typed_scale
+    out.nodes.append(Node("Mul", [scores, scale_c], [scaled]))
     if mask:
         masked = tmp("masked")
         out.nodes.append(Node("Add", [scaled, mask], [masked]))

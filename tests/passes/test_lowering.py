@@ -78,3 +78,21 @@ def test_unknown_edgeinfer_op_has_no_lowering():
     graph = one_node(node, [Value("x", "float32", (2,))], {}, Value("y", "float32", (2,)))
     with pytest.raises(UnsupportedOpError, match="NoSuchOp"):
         lower_graph(graph)
+
+
+def test_half_precision_attention_lowers_to_a_graph_onnxruntime_runs():
+    """The scale constant takes the scores' type (a float32 scale beside fp16 scores would be an
+    invalid Mul); onnxruntime's result matches the numpy kernel within fp16 rounding."""
+    from edgeinfer.backend import CompileOptions, get_backend
+
+    graph = infer_types(one_node(
+        Node("Attention", ["q", "k", "v"], ["y"], {"num_heads": 2, "scale": 0.25}, domain=EDGEINFER_DOMAIN),
+        [Value(n, "float16", (1, 4, 8)) for n in "qkv"], {}, Value("y", "float16", (1, 4, 8))))
+    lower_graph(graph).verify()
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal((1, 4, 8)).astype(np.float16) for n in "qkv"}
+    reference = get_backend("numpy").compile(graph, CompileOptions()).run(feeds)["y"]
+    got = get_backend("onnxruntime").compile(graph, CompileOptions()).run(feeds)["y"]
+    assert got.dtype == np.float16
+    # two engines, each rounding fp16 intermediates in its own order: a few fp16 steps
+    assert_close(got.astype(np.float32), reference.astype(np.float32), rtol=4e-3, atol=2e-3)
