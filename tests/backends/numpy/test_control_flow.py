@@ -263,6 +263,27 @@ def test_sequence_ops_in_and_around_a_loop_match_onnxruntime():
     assert got["n"] == 5
 
 
+def onnx_sequence_model_cases() -> dict:
+    """ONNX's model test cases built from sequence ops (test_sequence_model1..8), with the
+    expected outputs onnx ships for them."""
+    from onnx.backend.test.case.model import collect_testcases
+
+    return {case.name: case for case in collect_testcases() if case.name.startswith("test_sequence_model")}
+
+
+@pytest.mark.parametrize("name", sorted(onnx_sequence_model_cases()))
+def test_onnx_sequence_model_cases_run_natively(name):
+    case = onnx_sequence_model_cases()[name]
+    assert not compiled(case.model).fallback_ops
+    session = numpy_session(case.model)
+    constants = {t.name for t in case.model.graph.initializer}
+    inputs = [i.name for i in case.model.graph.input if i.name not in constants]
+    for feeds, expected in case.data_sets:
+        got = session.run(dict(zip(inputs, feeds, strict=True)))
+        for output, ref in zip(case.model.graph.output, expected, strict=True):
+            assert_close(got[output.name], ref, name=output.name)
+
+
 def test_a_sequence_position_out_of_range_is_a_backend_error_naming_the_node():
     model = model_of("""agraph (float[2] a, int64 p) => (float[2] y) {
         s = SequenceConstruct(a, a)
