@@ -38,6 +38,7 @@ import edgeinfer as ei
 from edgeinfer import zoo
 from edgeinfer.benchmark import time_interleaved
 from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.peers import raw_openvino
 
 CONTENDERS = ("ov_backend", "ov_raw", "ort_backend")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -46,23 +47,6 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     # BERT-mini sized encoder block: hidden 256, 4 heads, sequence 128
     "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),
 }
-
-
-def raw_openvino(proto: onnx.ModelProto, threads: int) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """The ONNX model through OpenVINO alone: read_model, compile_model, one InferRequest."""
-    import openvino
-
-    core = openvino.Core()
-    compiled = core.compile_model(core.read_model(proto.SerializeToString()), "CPU", {
-        "PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"})
-    request = compiled.create_infer_request()
-    names = [port.get_any_name() for port in compiled.outputs]
-
-    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = request.infer(feeds, share_inputs=True, share_outputs=False)
-        return {name: results[port] for name, port in zip(names, compiled.outputs, strict=True)}
-
-    return run
 
 
 def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: int) -> dict[str, Any]:

@@ -30,57 +30,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-import onnxruntime as ort
-from bench_openvino import raw_openvino  # the sibling script (benchmarks/ is sys.path[0])
 
 import edgeinfer as ei
 from edgeinfer import zoo
 from edgeinfer.bench import machine_facts
 from edgeinfer.benchmark import time_interleaved
 from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.peers import Runner, raw_litert, raw_onnxruntime, raw_openvino
 
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2": lambda: zoo.mobilenet_v2(size=224),
     "resnet50": lambda: zoo.resnet50(size=224),
     "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),  # BERT-mini sized block
 }
-Runner = Callable[[dict[str, np.ndarray]], Any]
-
-
-def raw_onnxruntime(proto: onnx.ModelProto, threads: int) -> Runner:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return lambda feeds: session.run(None, feeds)
-
-
-def raw_litert(model: ei.Model, threads: int) -> Runner | None:
-    """LiteRT's interpreter on the .tflite edgeinfer writes (None if the model does not export)."""
-    try:
-        from ai_edge_litert import interpreter as litert
-    except ImportError:
-        return None
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "model.tflite"
-        try:
-            ei.export(model, path)
-        except ei.EdgeInferError as exc:
-            print(f"  LiteRT skipped: {exc}")
-            return None
-        engine = litert.Interpreter(model_content=path.read_bytes(), num_threads=threads)
-    engine.allocate_tensors()
-    inputs = {d["name"]: d["index"] for d in engine.get_input_details()}
-    outputs = [d["index"] for d in engine.get_output_details()]
-
-    def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        for name, array in feeds.items():
-            engine.set_tensor(inputs[name], array)
-        engine.invoke()
-        return [engine.get_tensor(i) for i in outputs]
-
-    return run
 
 
 def medians_ms(runs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 3) -> dict[str, float]:

@@ -1,35 +1,80 @@
 """``edgeinfer bench``: measure a model on this device, backend by backend, in one process.
 
-Latency: every contender is compiled first, then timed in interleaved rounds
-(``edgeinfer.benchmark.time_interleaved``) so machine noise hits them alike. Streams: the
-pipeline planner's plan for the session, and its throughput beside the same session serving
-the same requests one after another.
+Three phases, so one contender's measurement never disturbs another's:
+
+1. prepare, one contender at a time: compile (a ``Session``, or a raw engine for a peer), the
+   first run and the warm-up runs, inside ``PeakRSS`` (``edgeinfer.memory``): the peak
+   resident memory each contender added to the process;
+2. latency: all contenders timed in interleaved rounds (``edgeinfer.benchmark.time_interleaved``)
+   so machine noise hits them alike;
+3. profile, untimed: per-op times from a debug session of the numpy backend, or per-part
+   times of a plan with several parts (each part's executable timed on its real inputs).
+
+Streams: the pipeline planner's plan for the session, and its throughput beside the same
+session serving the same requests one after another (``executor="ray"`` puts the stages on
+Ray actors instead of local threads).
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from edgeinfer.benchmark import time_interleaved
+from edgeinfer.memory import PeakRSS
 from edgeinfer.model import Model
+from edgeinfer.progress import NoProgress, Progress
+
+STREAM_EXECUTORS = ("local", "ray")
+PROFILE_RUNS = 5
+TOP_N = 10
+
+
+@dataclass
+class ProfileRow:
+    label: str  # a node ("node 'conv1' (Conv)") or a part ("part 2 on numpy: 14 nodes")
+    op: str  # the op type, or the part's backend
+    ms: float  # median over the profile runs
+    share: float  # of the profiled total
+
+
+@dataclass
+class Profile:
+    kind: str  # "op" or "part"
+    total_ms: float
+    rows: list[ProfileRow]  # every node or part, slowest first
+    by_op: dict[str, float] = field(default_factory=dict)  # ms per op type (or backend), slowest first
+
+    def top(self, n: int = TOP_N) -> list[ProfileRow]:
+        return self.rows[:n]
 
 
 @dataclass
 class LatencyReport:
-    backend: str
+    backend: str  # "numpy", "openvino+onnxruntime", "auto", or "raw onnxruntime" for a peer
     compile_s: float
     first_run_ms: float
     ms: dict[str, float]  # min, median, p90, p99, max
     throughput: float  # requests per second at median latency
     plan: str
     auto_choice: list[str] | None = None
+    peak_rss_bytes: int | None = None  # peak resident memory added by compile, first and warm-up runs
+    memory_method: str = ""
+    samples_ms: list[float] = field(default_factory=list)
+    profile: Profile | None = None
+    peer: bool = False  # a raw engine, not edgeinfer
+    runs_on: str = ""  # for a peer: the file it runs
+
+    @property
+    def label(self) -> str:
+        return self.backend + (f" ({'+'.join(self.auto_choice)})" if self.auto_choice else "")
 
 
 @dataclass
@@ -42,6 +87,7 @@ class StreamReport:
     planning_s: float
     stream_per_s: float
     sequential_per_s: float
+    executor: str = "local"
     speedup: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -54,42 +100,203 @@ def percentiles(seconds: Sequence[float]) -> dict[str, float]:
             "p99": float(np.percentile(ms, 99)), "max": float(ms.max())}
 
 
+def backend_label(backend: str | list[str]) -> str:
+    return backend if isinstance(backend, str) else "+".join(backend)
+
+
+@dataclass
+class _Contender:
+    label: str
+    run: Callable[[], Any]
+    compile_s: float
+    first_ms: float
+    memory: PeakRSS
+    session: Any = None  # an edgeinfer Session
+    runs_on: str = ""
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+def steps(backends: Sequence[Any], peers: Sequence[str], runs: int, profile: bool) -> int:
+    """How many ``advance`` calls ``latency`` makes, for a progress bar's total."""
+    return len(backends) + len(peers) + runs + (len(backends) if profile else 0)
+
+
 def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[str, Any], *, threads: int | None,
-            runs: int, warmup: int, **session_options: Any) -> list[LatencyReport]:
+            runs: int, warmup: int, peers: Sequence[str] = (), source: str | os.PathLike | None = None,
+            profile: bool = True, progress: Progress | None = None, skipped: dict[str, str] | None = None,
+            **session_options: Any) -> list[LatencyReport]:
+    """Compile, memory, first run and interleaved latency of each backend (and raw-engine
+    ``peers``, see ``edgeinfer.peers``), with an untimed profile of each backend.
+
+    A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason).
+    ``source``: the user's model file, which a peer of the same format runs directly.
+    """
+    from edgeinfer import peers as raw
     from edgeinfer.session import Session
 
-    sessions, compile_s, first_ms = {}, {}, {}
-    for backend in backends:
-        label = backend if isinstance(backend, str) else "+".join(backend)
-        start = time.perf_counter()
-        session = Session(model, backend=backend, threads=threads, **session_options)
-        compile_s[label] = time.perf_counter() - start
-        start = time.perf_counter()
-        session.run(feeds)
-        first_ms[label] = (time.perf_counter() - start) * 1000
-        sessions[label] = session
+    progress = progress or NoProgress()
+    contenders: list[_Contender] = []
     try:
-        times = time_interleaved({label: (lambda s=s: s.run(feeds)) for label, s in sessions.items()},
-                                 rounds=runs, warmup=warmup)
+        for backend in backends:
+            label = backend_label(backend)
+            progress.describe(f"compiling {label}")
+
+            def make(backend=backend) -> tuple[Any, Callable[[], Any]]:
+                session = Session(model, backend=backend, threads=threads, **session_options)
+                return session, lambda: session.run(feeds)
+
+            contenders.append(_prepare(label, make, warmup))
+            progress.advance()
+        for name in peers:
+            progress.describe(f"compiling raw {name}")
+            runs_on: list[str] = []
+
+            def make_peer(name=name, runs_on=runs_on) -> tuple[Any, Callable[[], Any]]:
+                runner, where = raw.prepare(name, model, threads, source=source)
+                runs_on.append(where)
+                return None, lambda: runner(dict(feeds))
+
+            try:
+                contender = _prepare(f"raw {name}", make_peer, warmup)
+            except raw.PeerUnavailable as exc:
+                if skipped is not None:
+                    skipped[name] = str(exc)
+            else:
+                contender.runs_on = runs_on[0]
+                contenders.append(contender)
+            progress.advance()
+        progress.describe("timing (interleaved rounds)")
+        times = _timed_rounds({c.label: c.run for c in contenders}, runs, progress)
         reports = []
-        for label, session in sessions.items():
-            stats = percentiles(times[label])
-            choice = session.auto_choice.backends if session.auto_choice is not None else None
-            reports.append(LatencyReport(label, compile_s[label], first_ms[label], stats, 1000 / stats["median"],
-                                         session.plan.describe(), choice))
+        for contender in contenders:
+            session = contender.session
+            stats = percentiles(times[contender.label])
+            choice = session.auto_choice.backends if session is not None and session.auto_choice is not None else None
+            report = LatencyReport(
+                contender.label, contender.compile_s, contender.first_ms, stats, 1000 / stats["median"],
+                session.plan.describe() if session is not None else f"raw engine on {contender.runs_on}", choice,
+                contender.memory.increase, contender.memory.method,
+                [t * 1000 for t in times[contender.label]], peer=session is None, runs_on=contender.runs_on)
+            if profile and session is not None:
+                progress.describe(f"profiling {contender.label}")
+                report.profile = profile_session(session, feeds)
+                progress.advance()
+            reports.append(report)
         return reports
     finally:
-        for session in sessions.values():
-            session.close()
+        for contender in contenders:
+            contender.close()
+
+
+def _prepare(label: str, make: Callable[[], tuple[Any, Callable[[], Any]]], warmup: int) -> _Contender:
+    """Compile, first run and warm-up runs of one contender, alone, with its peak memory."""
+    with PeakRSS() as memory:
+        start = time.perf_counter()
+        session, run = make()
+        compile_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            run()
+            first_ms = (time.perf_counter() - start) * 1000
+            for _ in range(warmup):
+                run()
+        except BaseException:
+            if session is not None:
+                session.close()
+            raise
+    return _Contender(label, run, compile_s, first_ms, memory, session)
+
+
+def _timed_rounds(runs: Mapping[str, Callable[[], Any]], rounds: int, progress: Progress) -> dict[str, list[float]]:
+    """``time_interleaved`` in chunks of an even number of rounds (so the order still alternates
+    round by round), advancing the progress bar between chunks, never inside a timed call."""
+    chunk = max(2, 2 * (rounds // 40))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    done = 0
+    while done < rounds:
+        count = min(chunk, rounds - done)
+        for name, samples in time_interleaved(runs, rounds=count).items():
+            times[name].extend(samples)
+        done += count
+        progress.advance(count)
+    return times
+
+
+def profile_session(session: Any, feeds: Mapping[str, Any], runs: int = PROFILE_RUNS) -> Profile | None:
+    """Where the time goes: per op for a whole-model numpy plan (a debug session of the same
+    model), per part for a plan with several parts; None for one part of another engine,
+    which reports no per-op times."""
+    parts = session.plan.parts
+    if len(parts) > 1:
+        return _part_profile(session, feeds, runs)
+    if parts and parts[0].backend == "numpy":
+        return _op_profile(session, feeds, runs)
+    return None
+
+
+def _op_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile | None:
+    from edgeinfer.session import Session
+
+    samples: dict[str, list[float]] = {}
+    ops: dict[str, str] = {}
+    with Session(session.model, backend="numpy", threads=session.threads, debug=True) as debug:
+        for _ in range(runs):
+            debug.run(feeds)
+            for label, seconds, _shapes in debug.stats().get("node_timings") or []:
+                samples.setdefault(label, []).append(seconds * 1000)
+                ops[label] = label.rsplit("(", 1)[-1].rstrip(")")
+    if not samples:
+        return None
+    return _profile("op", {label: statistics.median(ms) for label, ms in samples.items()}, ops)
+
+
+def _part_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile:
+    """Each part's executable timed on the values the parts before it produced."""
+    # Session keeps its compiled parts on its runner; timing them there compiles nothing again.
+    compiled = session._runner.parts
+    samples: dict[str, list[float]] = {}
+    backends: dict[str, str] = {}
+    checked = session._check_feeds(feeds)
+    for _ in range(runs):
+        env = dict(checked)
+        for index, part in enumerate(compiled):
+            label = f"part {index} on {part.part.backend}: {len(part.part.nodes)} nodes"
+            start = time.perf_counter()
+            env.update(part.run(env))
+            samples.setdefault(label, []).append((time.perf_counter() - start) * 1000)
+            backends[label] = part.part.backend
+    return _profile("part", {label: statistics.median(ms) for label, ms in samples.items()}, backends)
+
+
+def _profile(kind: str, median_ms: dict[str, float], groups: dict[str, str]) -> Profile:
+    total = sum(median_ms.values())
+    rows = [ProfileRow(label, groups[label], ms, ms / total if total else 0.0)
+            for label, ms in sorted(median_ms.items(), key=lambda kv: -kv[1])]
+    by_op: dict[str, float] = {}
+    for row in rows:
+        by_op[row.op] = by_op.get(row.op, 0.0) + row.ms
+    return Profile(kind, total, rows, dict(sorted(by_op.items(), key=lambda kv: -kv[1])))
 
 
 def stream(model: Model, backend: str | list[str], feeds: Mapping[str, Any], *, threads: int | None,
-           requests: int, stages: int | str, replicas: Any = "auto", **session_options: Any) -> StreamReport:
+           requests: int, stages: int | str, replicas: Any = "auto", executor: str = "local",
+           **session_options: Any) -> StreamReport:
     """Throughput of ``requests`` copies of ``feeds`` through the planned pipeline, beside the same
-    session running them one after another (each figure the better of two alternating runs)."""
+    session running them one after another (each figure the better of two alternating runs).
+
+    ``executor``: ``"local"`` (stages on threads of this process) or ``"ray"`` (stages on Ray
+    actors: ``Session(executor="ray")``, which raises its own error where Ray is missing)."""
+    from edgeinfer.errors import InputError
     from edgeinfer.session import Session
 
-    label = backend if isinstance(backend, str) else "+".join(backend)
+    if executor not in STREAM_EXECUTORS:
+        raise InputError(f"stream executor {executor!r}: expected one of {', '.join(STREAM_EXECUTORS)}")
+    if executor == "ray":
+        session_options = {**session_options, "executor": "ray"}
+    label = backend_label(backend)
     with Session(model, backend=backend, threads=threads, **session_options) as session:
         start = time.perf_counter()
         plan = session.pipeline_plan(feeds, stages=stages, replicas=replicas)  # the stream below reuses it
@@ -104,23 +311,113 @@ def stream(model: Model, backend: str | list[str], feeds: Mapping[str, Any], *, 
                 session.run(feeds)
 
         times = time_interleaved({"stream": pipelined, "sequential": sequential}, rounds=2, warmup=1)
-    return StreamReport(label, requests, plan.describe(), len(plan.stages), plan.replicas, planning,
-                        requests / min(times["stream"]), requests / min(times["sequential"]))
+    return StreamReport(label, requests, plan.describe(), len(plan.stages), list(plan.replicas), planning,
+                        requests / min(times["stream"]), requests / min(times["sequential"]), executor)
+
+
+def peer_ratios(reports: Sequence[LatencyReport]) -> dict[str, dict[str, float]]:
+    """Median latency of each edgeinfer contender over each peer's (above 1: edgeinfer is slower)."""
+    peers = [r for r in reports if r.peer]
+    return {r.backend: {p.backend: r.ms["median"] / p.ms["median"] for p in peers} for r in reports if not r.peer}
 
 
 def machine_facts() -> dict[str, Any]:
     from importlib import metadata
 
     versions = {}
-    for name in ("edgeinfer", "numpy", "onnx", "onnxruntime", "openvino", "ai-edge-litert", "tflite-runtime"):
+    for name in ("edgeinfer", "numpy", "onnx", "onnxruntime", "openvino", "ai-edge-litert", "tflite-runtime",
+                 "torch", "tensorflow", "tensorflow-cpu", "opencv-python-headless", "ray"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return {"machine": platform.machine(), "processor": platform.processor(), "system": platform.platform(),
-            "python": platform.python_version(), "cpus": os.cpu_count(), "versions": versions}
+    facts = {"machine": platform.machine(), "processor": platform.processor() or _cpu_model(),
+             "system": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+             "versions": versions}
+    total = _total_memory()
+    if total:
+        facts["memory_bytes"] = total
+    return facts
 
 
-def as_json(latency_reports: Sequence[LatencyReport], stream_report: StreamReport | None) -> dict[str, Any]:
-    return {"machine": machine_facts(), "latency": [asdict(r) for r in latency_reports],
-            "stream": asdict(stream_report) if stream_report is not None else None}
+def _cpu_model() -> str:
+    """The CPU's name from /proc/cpuinfo (Linux, Android), where platform.processor() is empty."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Processor", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _total_memory() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except ImportError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def as_json(latency_reports: Sequence[LatencyReport], stream_report: StreamReport | Sequence[StreamReport] | None,
+            *, skipped_peers: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    streams = [stream_report] if isinstance(stream_report, StreamReport) else list(stream_report or [])
+    return {"machine": machine_facts(), "settings": dict(settings or {}),
+            "latency": [asdict(r) for r in latency_reports],
+            "peer_ratios": peer_ratios(latency_reports), "skipped_peers": dict(skipped_peers or {}),
+            "stream": asdict(streams[0]) if len(streams) == 1 else [asdict(s) for s in streams] or None}
+
+
+def plot(reports: Sequence[LatencyReport], path: str | os.PathLike, *, title: str = "") -> None:
+    """A PNG: latency distribution per contender, and the profile of the first contender that has
+    one (top ops or parts). Written atomically; matplotlib's Agg backend, no display needed."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from edgeinfer.format.atomic import atomic_write_bytes
+
+    profiled = next((r for r in reports if r.profile is not None and r.profile.rows), None)
+    figure = Figure(figsize=(13 if profiled else 7, max(3.5, 0.55 * len(reports) + 1.8)), layout="constrained")
+    axes = figure.subplots(1, 2 if profiled else 1, squeeze=False)[0]
+    labels = [r.label for r in reports]
+    box = axes[0]
+    samples = [r.samples_ms for r in reports]
+    try:
+        box.boxplot(samples, orientation="horizontal", whis=(1, 99))
+    except TypeError:  # matplotlib before 3.10
+        box.boxplot(samples, vert=False, whis=(1, 99))
+    box.set_yticks(range(1, len(reports) + 1), labels)
+    box.invert_yaxis()
+    box.set_xlabel("latency per request, ms (box: quartiles, whiskers: p1-p99)")
+    if max(r.ms["max"] for r in reports) > 20 * min(r.ms["min"] for r in reports):
+        box.set_xscale("log")
+    box.set_title("latency distribution")
+    if profiled is not None:
+        rows = profiled.profile.top(TOP_N)
+        bars = axes[1]
+        bars.barh(range(len(rows)), [row.ms for row in rows], color="tab:orange")
+        bars.set_yticks(range(len(rows)), [_short(row.label) for row in rows], fontsize=8)
+        bars.invert_yaxis()
+        bars.set_xlabel("median ms per run (untimed profile run)")
+        bars.set_title(f"slowest {'ops' if profiled.profile.kind == 'op' else 'parts'}: {profiled.label}")
+    if title:
+        figure.suptitle(title)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _short(label: str, width: int = 48) -> str:
+    return label if len(label) <= width else label[:width - 3] + "..."

@@ -270,6 +270,9 @@ def export(model_path: Path, output: Path) -> None:
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
 
 
+BENCH_EXECUTORS = ("local", "sequential", "dag", "ray")
+
+
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @click.option("--backend", "backends", default="numpy,onnxruntime", show_default=True,
@@ -277,61 +280,110 @@ def export(model_path: Path, output: Path) -> None:
 @click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads per session.")
 @click.option("--device", type=click.Choice(["cpu", "gpu", "npu"]), default="cpu", show_default=True)
 @click.option("--fallback", is_flag=True, help="Run on the CPU if --device is missing (with a warning).")
-@click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential", show_default=True)
+@click.option("--executor", type=click.Choice(BENCH_EXECUTORS), default="local", show_default=True,
+              help="local: sequential sessions, --stream on local threads; dag: branches at once; "
+                   "ray: --stream also on Ray actors, beside the local pipeline.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="Feed from a .npy file (default: random feeds of the declared shapes).")
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Size of symbolic dims.")
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per backend.")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
+@click.option("--peers", is_flag=True,
+              help="Also time the raw engines installed (onnxruntime, OpenVINO, LiteRT) on the same model.")
+@click.option("--top", type=click.IntRange(0), default=5, show_default=True,
+              help="Slowest ops (numpy) or parts (several backends) to show per backend; 0: no profile.")
 @click.option("--stream", "stream_requests", type=click.IntRange(1), default=None, metavar="N",
               help="Also serve N requests through the pipeline planner (first backend) and show its plan.")
 @click.option("--stages", default="auto", show_default=True, help="Pipeline stages for --stream (or auto).")
-@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write every figure as JSON here.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path),
+              help="Write every figure and the machine's facts as JSON here ('-': to stdout, no table).")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path),
+              help="Write a PNG: latency distribution per backend and the slowest ops.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
-          inputs: tuple[str, ...], batch: int, runs: int, warmup: int, stream_requests: int | None, stages: str,
-          json_path: Path | None) -> None:
-    """Measure MODEL on this device, backend by backend, in one run.
+          inputs: tuple[str, ...], batch: int, runs: int, warmup: int, peers: bool, top: int,
+          stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
+          quiet: bool) -> None:
+    """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
 
-    Example: edgeinfer bench model.onnx --backend numpy,onnxruntime,auto --threads 2 --stream 200
+    Per backend: compile time, first run, latency min/median/p90/p99/max over interleaved rounds,
+    throughput, the peak resident memory it added, and where the time goes (per op on numpy,
+    per part for a plan over several backends).
+
+    Example: edgeinfer bench models/sample_cnn.onnx --backend numpy,onnxruntime,auto --peers --plot bench.png
     """
     import json
 
     from edgeinfer import bench as measure
+    from edgeinfer import bench_tables as tables
     from edgeinfer.api import load_any
+    from edgeinfer.format.atomic import atomic_write_bytes
+    from edgeinfer.peers import PEERS
+    from edgeinfer.progress import progress_bar, shows_progress
 
     contenders = [parse_backend(text) for text in backends.split(",") if text.strip()]
     if not contenders:
         raise InputError(f"--backend {backends!r}: expected at least one backend")
-    if stages != "auto" and not stages.isdigit():
+    if stages != "auto" and not (stages.isdigit() and int(stages) > 0):
         raise InputError(f"--stages {stages!r}: expected a positive number or auto")
+    if plot_path is not None and plot_path.suffix.lower() != ".png":
+        raise InputError(f"--plot {plot_path}: expected a path ending in .png")
+    to_stdout = json_path is not None and str(json_path) == "-"
+    quiet = quiet or to_stdout
     model = load_any(model_path)
     feeds = _load_feeds(model, inputs, True, batch)
-    options = {"device": device, "fallback": fallback, "executor": executor}
-    reports = measure.latency(model, contenders, feeds, threads=threads, runs=runs, warmup=warmup, **options)
-    best = min(r.ms["median"] for r in reports)
-    click.echo(f"{'backend':<28} {'compile s':>9} {'first ms':>9} {'min':>8} {'median':>8} {'p90':>8} "
-               f"{'p99':>8} {'max':>8} {'req/s':>8} {'vs best':>7}")
-    for r in reports:
-        name = r.backend + (f" ({'+'.join(r.auto_choice)})" if r.auto_choice else "")
-        click.echo(f"{name:<28} {r.compile_s:9.3f} {r.first_run_ms:9.2f} {r.ms['min']:8.3f} {r.ms['median']:8.3f} "
-                   f"{r.ms['p90']:8.3f} {r.ms['p99']:8.3f} {r.ms['max']:8.3f} {r.throughput:8.1f} "
-                   f"{r.ms['median'] / best:6.2f}x")
-    streamed = None
-    if stream_requests:
-        streamed = measure.stream(model, contenders[0], feeds, threads=threads, requests=stream_requests,
-                                  stages=int(stages) if stages.isdigit() else "auto", device=device,
-                                  fallback=fallback)
-        click.echo(f"stream of {streamed.requests} requests on {streamed.backend} (planned in "
-                   f"{streamed.planning_s:.2f} s):")
-        click.echo(streamed.plan)
-        click.echo(f"throughput: pipeline {streamed.stream_per_s:.1f} req/s, one after another "
-                   f"{streamed.sequential_per_s:.1f} req/s ({streamed.speedup:.2f}x)")
+    options = {"device": device, "fallback": fallback, "executor": "dag" if executor == "dag" else "sequential"}
+    peer_names = list(PEERS) if peers else []
+    skipped: dict[str, str] = {}
+    total = measure.steps(contenders, peer_names, runs, top > 0) + (2 if stream_requests else 0)
+    with progress_bar(f"bench {model_path.name}", total, enabled=shows_progress(quiet)) as progress:
+        reports = measure.latency(model, contenders, feeds, threads=threads, runs=runs, warmup=warmup,
+                                  peers=peer_names, source=model_path, profile=top > 0, progress=progress,
+                                  skipped=skipped, **options)
+        streams = []
+        if stream_requests:
+            choice = int(stages) if stages.isdigit() else "auto"
+            for where in ("local", "ray") if executor == "ray" else ("local",):
+                progress.describe(f"stream on {where} ({stream_requests} requests)")
+                streams.append(measure.stream(model, contenders[0], feeds, threads=threads,
+                                              requests=stream_requests, stages=choice, executor=where,
+                                              device=device, fallback=fallback))
+                progress.advance()
+    document = measure.as_json(reports, streams, skipped_peers=skipped, settings={
+        "model": str(model_path), "backends": backends, "threads": threads, "device": device, "batch": batch,
+        "runs": runs, "warmup": warmup, "executor": executor, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
+    if to_stdout:
+        click.echo(json.dumps(document, indent=1))
+        return
+    out = tables.console()
+    out.print(f"{model_path.name}: batch {batch}, threads {threads or 'default'}, {runs} interleaved runs "
+              f"after {warmup} warm-up", highlight=False)
+    out.print(tables.latency_table(reports))
+    for heading, table, footnote in tables.profile_tables(reports, top):
+        out.print(heading, highlight=False)
+        out.print(table)
+        if footnote:
+            out.print(footnote, highlight=False)
+    table = tables.peer_table(reports)
+    if table is not None:
+        out.print(tables.PEER_HEADING, highlight=False)
+        out.print(table)
+    if skipped:
+        out.print("peers skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), highlight=False)
+    for streamed in streams:
+        click.echo("\n".join(tables.stream_lines(streamed)))
+    if not quiet:
+        method = next((r.memory_method for r in reports if r.memory_method), "")
+        click.echo(f"peak RSS: the resident memory each contender added while compiling and warming up ({method})")
     if json_path is not None:
-        from edgeinfer.format.atomic import atomic_write_bytes
-
-        atomic_write_bytes(json_path, json.dumps(measure.as_json(reports, streamed), indent=1).encode())
-        click.echo(f"wrote {json_path}")
+        atomic_write_bytes(json_path, json.dumps(document, indent=1).encode())
+        if not quiet:
+            click.echo(f"wrote {json_path}")
+    if plot_path is not None:
+        measure.plot(reports, plot_path, title=f"{model_path.name} on {measure.machine_facts()['machine']}")
+        if not quiet:
+            click.echo(f"wrote {plot_path}")
 
 
 main.add_command(quantize_command)

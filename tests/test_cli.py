@@ -81,7 +81,7 @@ def test_input_shape_override_fixes_batch(tmp_path, onnx_file):
     (["run", "{truncated_eim}", "--random-inputs"], "truncated.eim"),
     (["convert", "{unknown_op}", "-o", "{out}"], "op 'FancyConv' is not an ONNX operator"),
     (["convert", "{cycle}", "-o", "{out}"], "cycle"),
-    (["export", "{onnx}", "-o", "{tmp}/x.bin"], "ending in .onnx"),
+    (["export", "{onnx}", "-o", "{tmp}/x.bin"], "ending in one of .onnx, .tflite"),
 ])
 def test_bad_input_prints_one_line_and_exits_2(tmp_path, onnx_file, args, message):
     bad = tmp_path / "bad.onnx"

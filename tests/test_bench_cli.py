@@ -1,0 +1,188 @@
+"""``edgeinfer bench``: latency, memory, profiles, raw-engine peers, JSON, plot, streams, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+import edgeinfer as ei
+from edgeinfer import bench, peers, zoo
+from edgeinfer.cli import main
+from edgeinfer.errors import BackendError, InputError
+from edgeinfer.memory import PeakRSS
+from edgeinfer.testing import assert_close
+
+
+@pytest.fixture
+def onnx_file(tmp_path, mlp_model):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model, path)
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_bench_json_has_every_figure_consistent_with_its_samples(tmp_path, onnx_file):
+    out = tmp_path / "r.json"
+    result = invoke("bench", onnx_file, "--backend", "numpy,onnxruntime", "--runs", 6, "--warmup", 1,
+                    "--json", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert {"machine", "settings", "latency", "peer_ratios"} <= set(document)
+    assert document["machine"]["versions"]["onnxruntime"]
+    by_name = {r["backend"]: r for r in document["latency"]}
+    assert set(by_name) == {"numpy", "onnxruntime"}
+    for report in by_name.values():
+        samples = np.array(report["samples_ms"])
+        assert len(samples) == 6
+        assert report["ms"]["min"] == pytest.approx(samples.min())
+        assert report["ms"]["median"] == pytest.approx(np.median(samples))
+        assert report["ms"]["p99"] == pytest.approx(np.percentile(samples, 99))
+        assert report["ms"]["max"] == pytest.approx(samples.max())
+        assert report["throughput"] == pytest.approx(1000 / np.median(samples))
+        assert report["peak_rss_bytes"] >= 0 and report["memory_method"]
+    # the numpy profile times every node of the converted model, once
+    labels = {row["label"] for row in by_name["numpy"]["profile"]["rows"]}
+    assert labels == {node.label for node in ei.convert(onnx_file).graph.nodes}
+    assert by_name["onnxruntime"]["profile"] is None  # one engine part: no per-op times
+    assert "wrote" not in result.output  # --quiet
+
+
+def test_bench_prints_tables_profile_and_peers_and_writes_a_png(tmp_path, onnx_file):
+    png, out = tmp_path / "b.png", tmp_path / "b.json"
+    result = invoke("bench", onnx_file, "--backend", "numpy,onnxruntime", "--runs", 4, "--warmup", 1, "--peers",
+                    "--top", 3, "--plot", png, "--json", out)
+    assert result.exit_code == 0, result.output
+    assert "median ms" in result.output and "peak RSS MiB" in result.output
+    nodes = len(ei.convert(onnx_file).graph.nodes)
+    assert f"numpy: slowest 3 ops of {nodes}" in result.output
+    assert "raw onnxruntime" in result.output and f"wrote {png}" in result.output
+    document = json.loads(out.read_text())
+    raw = {r["backend"]: r for r in document["latency"] if r["peer"]}
+    assert raw["raw onnxruntime"]["runs_on"] == str(onnx_file)  # the user's own file, not an export
+    medians = {r["backend"]: r["ms"]["median"] for r in document["latency"]}
+    for ours, row in document["peer_ratios"].items():
+        for peer, ratio in row.items():
+            assert ratio == pytest.approx(medians[ours] / medians[peer])
+    assert set(raw) | {f"raw {name}" for name in document["skipped_peers"]} == \
+        {f"raw {name}" for name in peers.PEERS if peers.PEERS[name].installed()} | \
+        {f"raw {name}" for name in document["skipped_peers"]}
+    import matplotlib.image
+
+    image = matplotlib.image.imread(png)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_bench_json_to_stdout_is_the_whole_output(onnx_file):
+    result = CliRunner().invoke(main, ["bench", str(onnx_file), "--runs", "2", "--warmup", "0", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [r["backend"] for r in document["latency"]] == ["numpy", "onnxruntime"]
+
+
+@pytest.mark.parametrize("name", sorted(peers.PEERS))
+def test_each_installed_peer_computes_what_edgeinfer_computes(name, mlp_model):
+    model = ei.convert(mlp_model)
+    feeds = model.random_feeds(batch=3)
+    try:
+        runner, runs_on = peers.prepare(name, model, threads=1)
+    except peers.PeerUnavailable as exc:
+        pytest.skip(str(exc))
+    assert runs_on == f"exported .{peers.PEERS[name].reads}"
+    got = runner(feeds)
+    got = list(got.values()) if isinstance(got, dict) else got
+    expected = ei.Session(model).run(feeds)["y"]
+    assert_close(np.asarray(got[0]).reshape(expected.shape), expected, rtol=1e-4, atol=1e-6)  # engines' fp32 order
+
+
+def test_unknown_or_missing_peer_is_a_typed_reason(mlp_model, monkeypatch):
+    model = ei.convert(mlp_model)
+    with pytest.raises(peers.PeerUnavailable, match="unknown peer 'tensorrt'"):
+        peers.prepare("tensorrt", model, threads=1)
+    fake = peers.Peer("ghost", "onnx", "no_such_engine_module", lambda data, threads: None)
+    monkeypatch.setitem(peers.PEERS, "ghost", fake)
+    with pytest.raises(peers.PeerUnavailable, match="'no_such_engine_module' is not installed"):
+        peers.prepare("ghost", model, threads=1)
+
+
+def test_a_peer_that_cannot_run_is_skipped_with_its_reason(onnx_file, monkeypatch):
+    fake = peers.Peer("ghost", "onnx", "no_such_engine_module", lambda data, threads: None)
+    monkeypatch.setitem(peers.PEERS, "ghost", fake)
+    result = invoke("bench", onnx_file, "--backend", "onnxruntime", "--runs", 2, "--peers", "--top", 0)
+    assert result.exit_code == 0, result.output
+    assert "ghost: module 'no_such_engine_module' is not installed" in result.output
+
+
+def test_peak_rss_sees_an_allocation_inside_the_block():
+    size = 64 * 1024 * 1024
+    with PeakRSS() as peak:
+        block = np.ones(size // 8)  # touched, so resident
+        del block
+    assert peak.increase >= 0.9 * size, (peak.method, peak.increase)
+
+
+def test_peak_rss_sampler_when_the_kernel_mark_cannot_be_reset(monkeypatch):
+    from edgeinfer import memory
+
+    monkeypatch.setattr(memory, "_reset_high_water_mark", lambda: False)
+    size = 64 * 1024 * 1024
+    with PeakRSS() as peak:
+        block = np.ones(size // 8)
+        deadline = time.monotonic() + 10  # wait for the sampler to see it, however slow the machine
+        while peak.peak - peak.baseline < 0.9 * size and time.monotonic() < deadline:
+            time.sleep(0.005)
+        del block
+    assert peak.method.startswith("RSS sampled")
+    assert peak.increase >= 0.9 * size
+
+
+def test_part_profile_times_every_part_of_a_multi_part_plan():
+    model = ei.convert(zoo.inception_net(size=16, blocks=1, width=8, classes=5))
+    feeds = model.random_feeds()
+    with ei.Session(model, backend="onnxruntime", executor="dag") as session:
+        assert len(session.plan.parts) > 1
+        profile = bench.profile_session(session, feeds, runs=2)
+    assert profile.kind == "part" and len(profile.rows) == len(session.plan.parts)
+    assert profile.total_ms == pytest.approx(sum(row.ms for row in profile.rows))
+    assert all(row.op == "onnxruntime" for row in profile.rows)
+
+
+def test_stream_executor_must_be_local_or_ray(mlp_model):
+    model = ei.convert(mlp_model)
+    with pytest.raises(InputError, match="expected one of local, ray"):
+        bench.stream(model, "numpy", model.random_feeds(), threads=1, requests=2, stages=1, executor="mpi")
+
+
+def test_bench_stream_on_ray_error_is_one_line(onnx_file, monkeypatch):
+    original = ei.Session.__init__
+
+    def refuse_ray(self, *args, executor="sequential", **kwargs):
+        if executor == "ray":
+            raise BackendError("executor 'ray' needs Ray: pip install 'edgeinfer[ray]'")
+        original(self, *args, executor=executor, **kwargs)
+
+    monkeypatch.setattr(ei.Session, "__init__", refuse_ray)
+    result = invoke("bench", onnx_file, "--backend", "numpy", "--runs", 2, "--top", 0, "--stream", 4,
+                    "--stages", 1, "--executor", "ray")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: executor 'ray' needs Ray: pip install 'edgeinfer[ray]'"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--plot", "{tmp}/b.jpg"], "ending in .png"),
+    (["--stages", "0", "--stream", "3"], "--stages '0'"),
+    (["--backend", ","], "at least one backend"),
+    (["--backend", "tpu"], "unknown backend"),
+])
+def test_bench_bad_options_are_one_line_errors(tmp_path, onnx_file, args, message):
+    result = invoke("bench", onnx_file, "--runs", 1, *[a.format(tmp=tmp_path) for a in args])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
