@@ -238,11 +238,18 @@ class Session:
             self._streams.add(pipeline)
 
     def stats(self) -> dict[str, Any]:
+        """The executable's facts when the model is one part; else ``parts`` (each part's facts)
+        and the numpy fallback ops of all parts together."""
         parts = self._runner.parts
         if len(parts) == 1:
             return parts[0].executable().stats()
-        return {"parts": [{"backend": p.part.backend, "nodes": len(p.part.nodes), **p.executable().stats()}
-                          for p in parts]}
+        per_part = [{"backend": p.part.backend, "nodes": len(p.part.nodes), **p.executable().stats()}
+                    for p in parts]
+        fallback: dict[str, int] = {}
+        for stats in per_part:
+            for op, count in stats.get("fallback_ops", {}).items():
+                fallback[op] = fallback.get(op, 0) + count
+        return {"parts": per_part, "fallback_ops": fallback}
 
     def close(self) -> None:
         """Stop every worker thread of this session; idempotent. Later calls raise SchedulerError."""

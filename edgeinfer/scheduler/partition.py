@@ -9,8 +9,9 @@
    its same-backend producers' level and above its other producers' level; every edge between
    two groups then goes from a lower level to a higher one (or stays inside one backend's
    level), so the groups (backend, level) form a DAG. Each group is split into its connected
-   components (nodes are connected by an edge or by reading the same value), and then any two groups of one backend joined by an edge are contracted when
-   no other path links them (the contraction keeps the DAG acyclic).
+   components (nodes are connected by an edge or by reading the same value), and then any two
+   groups of one backend are merged while no path links them other than a direct edge (so the
+   merge keeps the DAG acyclic): the parts are maximal.
 3. ``split_branches`` (for the DAG-parallel executor): each subgraph is cut further at forks
    and joins into chains, so independent branches become separate parts that can run at once.
 """
@@ -142,28 +143,27 @@ def group(graph: Graph, assignment: Assignment) -> list[Part]:
 
 
 def _contract(placed: list[str], preds: list[set[int]], succs: list[set[int]], members: list[int]) -> list[int]:
-    """Merge groups of one backend joined by an edge when no other path links them."""
-    changed = True
-    while changed:
-        changed = False
+    """Merge groups of one backend while some pair has no path between them other than a direct
+    edge (merging such a pair cannot close a cycle); pairs joined by an edge go first."""
+    backend_of = {m: placed[i] for i, m in enumerate(members)}
+    while True:
         group_succs: dict[int, set[int]] = {}
         for index, targets in enumerate(succs):
             for target in targets:
                 a, b = members[index], members[target]
                 if a != b:
                     group_succs.setdefault(a, set()).add(b)
-        for a, targets in group_succs.items():
-            for b in sorted(targets):
-                backend_a = placed[members.index(a)]
-                backend_b = placed[members.index(b)]
-                if backend_a != backend_b or _other_path(group_succs, a, b):
-                    continue
-                members = [a if m == b else m for m in members]
-                changed = True
-                break
-            if changed:
-                break
-    return members
+        groups = sorted(set(members))
+        adjacent = [(a, b) for a in groups for b in sorted(group_succs.get(a, ())) if backend_of[a] == backend_of[b]]
+        independent = [(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]
+                       if backend_of[a] == backend_of[b] and b not in group_succs.get(a, ())
+                       and a not in group_succs.get(b, ())]
+        pair = next(((a, b) for a, b in [*adjacent, *independent]
+                     if not _other_path(group_succs, a, b) and not _other_path(group_succs, b, a)), None)
+        if pair is None:
+            return members
+        keep, gone = pair
+        members = [keep if m == gone else m for m in members]
 
 
 def _other_path(group_succs: dict[int, set[int]], a: int, b: int) -> bool:

@@ -44,9 +44,10 @@ def feeds():
     return {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
 
 
-def check_structure(plan) -> None:
-    """Each node in exactly one part, on that part's backend; parts connected and ordered so
-    that every part reads only graph inputs, constants and outputs of earlier parts."""
+def check_structure(plan, maximal: bool = True) -> None:
+    """Each node in exactly one part, on that part's backend; parts ordered so that every part
+    reads only graph inputs, constants and outputs of earlier parts; and maximal: any two parts
+    of one backend are linked by a path through a third part (merging them would close a cycle)."""
     graph = plan.graph
     seen = sorted(i for part in plan.parts for i in part.nodes)
     assert seen == list(range(len(graph.nodes)))
@@ -55,27 +56,27 @@ def check_structure(plan) -> None:
         assert {plan.assignment.backends[i] for i in part.nodes} == {part.backend}
         assert set(part.inputs) <= available, f"{part.graph.name} reads a value made later"
         available |= set(part.outputs)
-        _assert_connected(part)
     assert set(graph.output_names) <= available
+    producer = {name: i for i, part in enumerate(plan.parts) for name in part.outputs}
+    succs = {i: {j for j, other in enumerate(plan.parts) if any(producer.get(n) == i for n in other.inputs)}
+             for i in range(len(plan.parts))}
 
+    def long_path(a: int, b: int) -> bool:
+        stack = [s for s in succs[a] if s != b]
+        reached = set(stack)
+        while stack:
+            current = stack.pop()
+            if current == b:
+                return True
+            for nxt in succs[current] - reached:
+                reached.add(nxt)
+                stack.append(nxt)
+        return False
 
-def _assert_connected(part) -> None:
-    """Nodes are connected by an edge or by reading the same value."""
-    nodes = part.graph.nodes
-    produced = {o: i for i, n in enumerate(nodes) for o in n.outputs}
-    links = {i: set() for i in range(len(nodes))}
-    first_reader: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        for name in node.inputs:
-            j = produced.get(name, first_reader.setdefault(name, i))
-            links[i].add(j)
-            links[j].add(i)
-    reached, stack = {0}, [0]
-    while stack:
-        for j in links[stack.pop()] - reached:
-            reached.add(j)
-            stack.append(j)
-    assert reached == set(links), f"{part.graph.name} is not connected"
+    for a in range(len(plan.parts)):
+        for b in range(a + 1, len(plan.parts)):
+            if maximal and plan.parts[a].backend == plan.parts[b].backend:
+                assert long_path(a, b) or long_path(b, a), f"parts {a} and {b} could be merged"
 
 
 def test_every_placement_matches_numpy_alone(branchy, feeds):
@@ -100,7 +101,7 @@ def test_dag_split_of_random_placements_matches_numpy(branchy, feeds):
     for _ in range(24):
         pinned = dict(enumerate(rng.choice(["npu", "numpy"], len(branchy.graph.nodes))))
         plan = make_plan(branchy.graph, backends, pinned=pinned, branches=True)
-        check_structure(plan)
+        check_structure(plan, maximal=False)
         runner = build_executor(plan, backends, threads=2, executor="dag")
         got = runner.run(feeds)
         runner.close()
@@ -143,7 +144,7 @@ def test_branch_split_cuts_at_forks_and_joins(branchy):
     plan = make_plan(branchy.graph, make_backends(["numpy"]))
     assert len(plan.parts) == 1
     split = split_branches(branchy.graph, plan.parts)
-    check_structure(make_plan(branchy.graph, make_backends(["numpy"]), branches=True))
+    check_structure(make_plan(branchy.graph, make_backends(["numpy"]), branches=True), maximal=False)
     ops = [[branchy.graph.nodes[i].op_type for i in p.nodes] for p in split]
     assert ["Sigmoid"] in ops and ["Tanh"] in ops  # the two sides of the fork are separate parts
 
@@ -173,3 +174,14 @@ def test_session_with_a_backend_list_reports_its_plan(branchy, feeds):
 def test_bad_backend_choices_are_clear_errors(branchy, backend, message):
     with pytest.raises(BackendError, match=message):
         ei.Session(branchy, backend=backend)
+
+
+def test_independent_subgraphs_on_one_backend_share_a_part():
+    model = ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[4] a, float[4] b) => (float[4] y, float[4] z) { y = Relu(a)  z = Sigmoid(b) }"""), optimize=0)
+    plan = make_plan(model.graph, make_backends(["numpy"]))
+    assert len(plan.parts) == 1
+    with ei.Session(model, backend=[RestrictedBackend("npu", {"Relu"}), "numpy"]) as session:
+        assert len(session.plan.parts) == 2
+        assert session.stats()["fallback_ops"] == {}  # every part's numpy fallbacks, added up
