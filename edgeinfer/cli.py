@@ -55,11 +55,25 @@ def main() -> None:
 @click.option("--optimize", type=click.IntRange(0, 2), default=1, show_default=True,
               help="Optimization level (0: none).")
 @click.option("--report", is_flag=True, help="Print what each optimization pass did.")
+@click.option("--verify", is_flag=True,
+              help="Run the source framework and edgeinfer on the same random inputs and compare every output; "
+                   "on a mismatch name the first diverging node (nothing is written).")
+@click.option("--tolerance", type=click.FloatRange(0), default=None, metavar="REL",
+              help="For --verify: largest error allowed, relative to the reference's largest magnitude "
+                   "[default: 1e-4 float, 5e-2 quantized].")
+@click.option("--repro-dir", type=click.Path(path_type=Path),
+              help="For --verify: save the first diverging node as a minimal ONNX model with its inputs here.")
+@click.option("--backend", default="numpy", show_default=True, help="For --verify: the backend edgeinfer runs on.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @quantize_options
 @handle_errors
 def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
-            dynamic_batch: bool, optimize: int, report: bool, quantization: dict | None) -> None:
-    """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file."""
+            dynamic_batch: bool, optimize: int, report: bool, verify: bool, tolerance: float | None,
+            repro_dir: Path | None, backend: str, quiet: bool, quantization: dict | None) -> None:
+    """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file.
+
+    Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
+    """
     import edgeinfer as ei
 
     options: dict[str, Any] = {}
@@ -75,13 +89,52 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     passes: list = []
     model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
     model = apply_quantization(model, quantization)
-    model.save(output)
     seconds = time.perf_counter() - started
     if report:
         _print_pass_report(passes)
+    if verify:
+        _verify(source, model, options, backend=parse_backend(backend), quantized=quantization is not None,
+                tolerance=tolerance, repro_dir=repro_dir, quiet=quiet)
+    elif repro_dir is not None or tolerance is not None:
+        raise InputError("--repro-dir and --tolerance go with --verify")
+    model.save(output)
     summary = model.summary()
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): {summary['nodes']} nodes, "
                f"{summary['parameters']:,} parameters, converted in {seconds:.2f} s")
+
+
+def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized: bool, tolerance: float | None,
+            repro_dir: Path | None, quiet: bool) -> None:
+    """Print the error of every output against the source framework; a mismatch is an error."""
+    from edgeinfer.errors import ModelValidationError
+    from edgeinfer.progress import progress_bar, shows_progress
+    from edgeinfer.verify import DEFAULT_TOLERANCE, verify
+
+    if tolerance is None:
+        tolerance = 5e-2 if quantized else DEFAULT_TOLERANCE
+    extra = {"weights": options["weights"]} if "weights" in options else {}
+    with progress_bar(f"verifying {source.name}", 3, enabled=shows_progress(quiet)) as progress:
+        result = verify(source, model, backend=backend, tolerance=tolerance, repro_dir=repro_dir,
+                        progress=progress, **extra)
+    click.echo(f"verify: {result.engine} vs edgeinfer ({result.backend}) on random inputs, "
+               f"tolerance {tolerance:g} relative to the reference's largest magnitude")
+    for error in result.outputs:
+        click.echo(f"  output {error.name}: max abs error {error.max_abs:.3g}, relative {error.max_rel:.3g}  "
+                   f"{'ok' if error.ok else 'MISMATCH'}")
+    for note in result.notes:
+        click.echo(f"  {note}")
+    found = result.divergence
+    if found is not None:
+        click.echo(f"  first diverging node: {found.node} (output {found.output!r}: max abs error "
+                   f"{found.max_abs:.3g}, relative {found.max_rel:.3g}; {found.compared} values compared "
+                   f"against {found.reference})")
+        if found.repro:
+            click.echo(f"  reproducer: {found.repro} (+ .npz with its inputs and outputs)")
+    if not result.ok:
+        bad = ", ".join(e.name for e in result.outputs if not e.ok)
+        where = f"; first diverging node {found.node}" if found is not None else ""
+        raise ModelValidationError(f"--verify: output(s) {bad} differ from {result.engine} by more than "
+                                   f"{tolerance:g}{where}; nothing written")
 
 
 def _print_pass_report(passes: list) -> None:
