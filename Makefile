@@ -18,6 +18,8 @@ demo: install
 	$(BIN)/edgeinfer convert models/sample_cnn.onnx -o models/sample_cnn.eim
 	$(BIN)/edgeinfer inspect models/sample_cnn.eim
 	$(BIN)/edgeinfer run models/sample_cnn.eim --input models/sample_input.npy --threads 2
+	$(BIN)/edgeinfer inspect models/sample_cnn.eim --plan --backend openvino+onnxruntime
+	$(BIN)/edgeinfer bench models/sample_cnn.eim --backend numpy,onnxruntime,auto --threads 2 --runs 30 --stream 200
 	$(BIN)/edgeinfer convert models/caffe_lenet_digits/lenet_digits.prototxt \
 	    --weights models/caffe_lenet_digits/lenet_digits.caffemodel -o models/caffe_lenet_digits/lenet_digits.eim
 	$(BIN)/python models/caffe_lenet_digits/evaluate.py --eim models/caffe_lenet_digits/lenet_digits.eim
