@@ -252,3 +252,27 @@ def test_replicated_stage_of_a_non_thread_safe_engine_gets_one_executable_per_wo
     assert engine.violations == 0
     for out, request in zip(outs, requests):
         assert_close(out["logits"], reference.run(request)["logits"])
+
+
+def test_stages_overlap_on_different_threads_and_requests_run_one_at_a_time():
+    """Evidence that a stream's speed comes from stages working at once, not from batching:
+    every stage call sees one request (batch 1), and while stage 1 serves request i, stage 0
+    already serves request i + 1 on another thread."""
+    from .backends import RecordingBackend
+
+    proto = zoo.mlp_symbolic_batch(seed=8)
+    model = ei.convert(proto)
+    engine = RecordingBackend(sleep=0.03)
+    requests = [{"x": np.full((1, 32), float(i), np.float32)} for i in range(8)]
+    with ei.Session(model, backend=[engine, "numpy"], threads=2) as session:
+        plan = session.pipeline_plan(requests[0], stages=2, replicas=1)
+        engine.intervals.clear()
+        outs = list(session.stream(requests, stages=2, replicas=1))
+    assert [o["probs"].shape for o in outs] == [(1, 10)] * 8
+    first, second = (stage.runner.graph.name for stage in plan.stages)
+    calls0 = sorted((s, e, t) for name, t, s, e in engine.intervals if name.startswith(first))
+    calls1 = sorted((s, e, t) for name, t, s, e in engine.intervals if name.startswith(second))
+    assert len(calls0) == len(calls1) == 8  # one call per request and stage: nothing batched
+    overlapping = [(a, b) for a in calls0 for b in calls1 if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping, "no stage-0 call ran while a stage-1 call did"
+    assert all(a[2] != b[2] for a, b in overlapping)  # on different threads
