@@ -276,3 +276,20 @@ def test_stages_overlap_on_different_threads_and_requests_run_one_at_a_time():
     overlapping = [(a, b) for a in calls0 for b in calls1 if a[0] < b[1] and b[0] < a[1]]
     assert overlapping, "no stage-0 call ran while a stage-1 call did"
     assert all(a[2] != b[2] for a, b in overlapping)  # on different threads
+
+
+def test_with_a_slow_link_the_planner_cuts_where_activations_are_small():
+    """Stages on other machines (Ray) pay for the bytes crossing a cut: with a slow link the cut
+    goes where the activation is smallest (the 4-wide bottleneck), not where time balances."""
+    from edgeinfer.scheduler.pipeline import plan_stages
+    from edgeinfer.scheduler.planner import crossing_bytes
+
+    proto = zoo.mlp_symbolic_batch(features=(64, 512, 512, 4, 512, 512, 64), seed=2)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto, batch=8)
+    with ei.Session(model, backend="onnxruntime", threads=2) as session:
+        plan = plan_stages(session, feeds, stages=2, replicas=1, measure=False, transfer_bytes_per_second=1e4)
+    cut = plan.stages[1].nodes.start
+    cross = crossing_bytes(model.graph)
+    assert cross[cut] == min(cross[1:])
+    assert cross[cut] < max(cross[1:]) / 50
