@@ -259,28 +259,51 @@ def _preview(array: np.ndarray) -> str:
               help="For --plan: where accelerated backends run.")
 @click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential", show_default=True,
               help="For --plan: dag also cuts at forks and joins.")
+@click.option("--dot", "dot_path", type=click.Path(path_type=Path),
+              help="Write the graph as Graphviz dot here (render with: dot -Tsvg model.dot -o model.svg).")
+@click.option("--html", "html_path", type=click.Path(path_type=Path),
+              help="Write a self-contained HTML view of the graph here (no network needed to open it).")
+@click.option("--json", "json_path", type=click.Path(path_type=Path),
+              help="Write the summary as JSON here ('-': to stdout, nothing else printed).")
 @handle_errors
-def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, device: str, executor: str) -> None:
-    """Summarize MODEL (.eim or .onnx): inputs, outputs, ops, parameters, FLOPs.
+def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, device: str, executor: str,
+            dot_path: Path | None, html_path: Path | None, json_path: Path | None) -> None:
+    """Summarize MODEL (.eim or any convertible file): inputs, outputs, ops, parameters, FLOPs,
+    weight bytes, quantization; draw its graph.
 
-    Example: edgeinfer inspect model.eim --plan --backend openvino+onnxruntime
+    Example: edgeinfer inspect models/sample_cnn.onnx --html sample.html --plan --backend openvino+onnxruntime
     """
-    from edgeinfer.api import load_any
+    import json
 
+    from edgeinfer import graphview
+    from edgeinfer.api import load_any
+    from edgeinfer.format.atomic import atomic_write_bytes
+
+    for path, suffix in ((dot_path, ".dot"), (html_path, ".html")):
+        if path is not None and path.suffix.lower() not in (suffix, ".gv" if suffix == ".dot" else ".htm"):
+            raise InputError(f"--{suffix[1:]} {path}: expected a path ending in {suffix}")
     model = load_any(model_path)
     summary = model.summary()
-    click.echo(f"model   {model_path}")
-    for key, value in model.metadata.items():
-        click.echo(f"meta    {key} = {value}")
-    for info in model.inputs:
-        click.echo(f"input   {info}")
-    for info in model.outputs:
-        click.echo(f"output  {info}")
-    click.echo(f"nodes   {summary['nodes']}")
-    click.echo(f"params  {summary['parameters']:,} ({summary['weight_bytes']:,} bytes: "
-               + ", ".join(f"{k} {v:,}" for k, v in summary["weight_dtypes"].items()) + ")")
-    click.echo(f"flops   {summary['flops']:,.0f} (batch 1)")
-    click.echo("ops     " + ", ".join(f"{op} x{count}" for op, count in summary["ops"].items()))
+    quantized = graphview.quantization(model.graph)
+    lines = [f"model   {model_path}"]
+    lines += [f"meta    {key} = {value}" for key, value in model.metadata.items()]
+    lines += [f"input   {info}" for info in model.inputs] + [f"output  {info}" for info in model.outputs]
+    lines += [f"nodes   {summary['nodes']}",
+              f"params  {summary['parameters']:,} ({summary['weight_bytes']:,} bytes: "
+              + ", ".join(f"{k} {v:,}" for k, v in summary["weight_dtypes"].items()) + ")",
+              f"flops   {summary['flops']:,.0f} (batch 1)",
+              f"quant   {quantized}",
+              "ops     " + ", ".join(f"{op} x{count}" for op, count in summary["ops"].items())]
+    if json_path is not None:
+        tensors = {kind: [{"name": t.name, "dtype": t.dtype, "shape": None if t.shape is None else list(t.shape)}
+                          for t in infos] for kind, infos in (("inputs", model.inputs), ("outputs", model.outputs))}
+        document = {**summary, **tensors, "quantized": quantized, "metadata": model.metadata}
+        text = json.dumps(document, indent=1, default=str)
+        if str(json_path) == "-":
+            click.echo(text)
+            return
+        atomic_write_bytes(json_path, text.encode())
+    click.echo("\n".join(lines))
     if model_path.suffix.lower() == ".eim":
         from edgeinfer.format.sizes import size_breakdown
 
@@ -289,6 +312,15 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
         click.echo(str(model.graph))
     if show_plan:
         _print_plan(model, parse_backend(backend), device, executor)
+    if dot_path is not None:
+        atomic_write_bytes(dot_path, graphview.to_dot(model.graph).encode())
+        click.echo(f"wrote {dot_path}")
+    if html_path is not None:
+        page = graphview.to_html(model.graph, title=model_path.name, summary_lines=lines[1:])
+        atomic_write_bytes(html_path, page.encode())
+        click.echo(f"wrote {html_path}")
+    if json_path is not None:
+        click.echo(f"wrote {json_path}")
 
 
 def _print_plan(model, backend: str | list[str], device: str, executor: str) -> None:
