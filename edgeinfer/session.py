@@ -178,29 +178,42 @@ class Session:
         from edgeinfer.scheduler import pipeline
 
         self._check_open()
+        if self._ray_settings is not None:
+            self._check_ray_shape(stages, replicas)
+            return self._ray_stream(requests, max_in_flight=max_in_flight, timeout=timeout, outputs=outputs)
         stages = self.stages if stages is None else stages
         replicas = self.replicas if replicas is None else replicas
         pipeline.check_choice(stages, replicas)
-        if self._ray_settings is not None:
-            return self._ray_stream(requests, max_in_flight=max_in_flight, timeout=timeout, outputs=outputs)
         return pipeline.stream(self, requests, stages=stages, replicas=replicas, max_in_flight=max_in_flight,
                                timeout=timeout, check=self._check_feeds,
                                select=lambda results: self._select(results, outputs), register=self._register)
 
-    def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = "auto",
-                      replicas: int | Sequence[int] | str | None = "auto"):
+    def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = None,
+                      replicas: int | Sequence[int] | str | None = None):
         """The stage plan ``stream`` uses for requests like ``feeds`` (default: random feeds of
         the declared shapes at batch 1): stages, replicas, measured stage times. Planned once per
         choice and input shapes; later streams reuse it."""
         from edgeinfer.scheduler.pipeline import check_choice, plan_key, plan_stages
 
+        stages = self.stages if stages is None else stages
+        replicas = self.replicas if replicas is None else replicas
         self._check_open()
         check_choice(stages, replicas)
         checked = self._check_feeds(feeds if feeds is not None else self.model.random_feeds())
+        if self._ray_settings is not None:  # the plan of the session's actors
+            self._check_ray_shape(stages, replicas)
+            return self._ray_pipeline(checked).plan
         key = plan_key(stages, replicas, checked)
         if key not in self.stage_plans:
             self.stage_plans[key] = plan_stages(self, checked, stages=stages, replicas=replicas)
         return self.stage_plans[key]
+
+    def _check_ray_shape(self, stages: Any, replicas: Any) -> None:
+        """With Ray the actors exist once per session: a different shape per stream is an error."""
+        for name, given, fixed in (("stages", stages, self.stages), ("replicas", replicas, self.replicas)):
+            if given is not None and given != fixed:
+                raise BackendError(f"{name}={given!r}: with executor='ray' the pipeline shape is the session's "
+                                   f"({name}={fixed!r}); give it to Session(...)")
 
     def _ray_stream(self, requests: Iterable[Mapping[str, Any]], *, max_in_flight: int | None,
                     timeout: float | None, outputs: list[str] | None) -> Iterator[dict[str, np.ndarray]]:
