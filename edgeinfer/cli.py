@@ -472,6 +472,9 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 
 
 main.add_command(quantize_command)
+if quantize_command.help and "Example:" not in quantize_command.help:  # the command lives in edgeinfer/quantize/cli.py
+    quantize_command.help += ("\n\nExample: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 "
+                              "--std 0.229,0.224,0.225 -o model.int8.eim")
 
 if __name__ == "__main__":
     main()

@@ -128,3 +128,15 @@ def test_console_script_has_help_for_every_command_and_no_traceback():
                           capture_output=True, text=True, env=env)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_every_command_help_has_an_example():
+    for name in main.commands:
+        result = CliRunner().invoke(main, [name, "--help"])
+        assert result.exit_code == 0, result.output
+        assert "Example: edgeinfer " + name in " ".join(result.output.split()), name
+
+
+def test_version():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and ei.__version__ in result.output
