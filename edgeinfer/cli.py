@@ -75,6 +75,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
     """
     import edgeinfer as ei
+    from edgeinfer.progress import progress_bar, shows_progress
 
     options: dict[str, Any] = {}
     if weights is not None:
@@ -85,19 +86,21 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
         options["dynamic_batch"] = True
     if output.suffix.lower() != ".eim":
         raise InputError(f"-o {output}: expected a path ending in .eim")
+    if not verify and (repro_dir is not None or tolerance is not None):
+        raise InputError("--repro-dir and --tolerance go with --verify")
     started = time.perf_counter()
     passes: list = []
-    model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
-    model = apply_quantization(model, quantization)
+    with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
+        model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
+    model = apply_quantization(model, quantization)  # calibration draws its own progress bar
     seconds = time.perf_counter() - started
     if report:
         _print_pass_report(passes)
     if verify:
         _verify(source, model, options, backend=parse_backend(backend), quantized=quantization is not None,
                 tolerance=tolerance, repro_dir=repro_dir, quiet=quiet)
-    elif repro_dir is not None or tolerance is not None:
-        raise InputError("--repro-dir and --tolerance go with --verify")
-    model.save(output)
+    with progress_bar(f"writing {output.name}", None, enabled=shows_progress(quiet)):
+        model.save(output)
     summary = model.summary()
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): {summary['nodes']} nodes, "
                f"{summary['parameters']:,} parameters, converted in {seconds:.2f} s")

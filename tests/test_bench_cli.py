@@ -186,3 +186,19 @@ def test_bench_bad_options_are_one_line_errors(tmp_path, onnx_file, args, messag
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
+
+
+def test_progress_bar_goes_to_stderr_only_for_a_terminal(onnx_file, monkeypatch):
+    import sys
+
+    from edgeinfer import progress
+
+    assert not progress.shows_progress(quiet=False)  # pytest's stderr is not a terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert progress.shows_progress(quiet=False) and not progress.shows_progress(quiet=True)
+    monkeypatch.setattr(progress, "shows_progress", lambda quiet=False: not quiet)
+    result = CliRunner().invoke(main, ["bench", str(onnx_file), "--runs", "4", "--warmup", "0", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # the bar never reaches stdout
+    result = CliRunner().invoke(main, ["bench", str(onnx_file), "--runs", "4", "--warmup", "0"])
+    assert result.exit_code == 0 and "median ms" in result.stdout
