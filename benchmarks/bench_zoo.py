@@ -8,14 +8,15 @@ run it; it needs nothing else (no repository checkout, no network). For each mod
 - int8: ``ei.quantize`` (static QDQ, calibrated on random standard-normal inputs: the speed is
   representative, the accuracy is not measured here, see ``bench_quantize.py`` for that);
 
-and for each installed backend, ``edgeinfer.bench.latency`` measures compile time, first run,
-latency (median, p90 over interleaved rounds, batch 1) and the peak resident memory the
-backend added (``edgeinfer.memory``). A backend that cannot run a model is recorded with its
+and ``edgeinfer.bench.latency`` measures every installed backend that runs it, all timed
+together in interleaved rounds: compile time, first run, latency (median, p90, batch 1) and
+the peak resident memory each backend added (``edgeinfer.memory``). A backend that cannot run a model is recorded with its
 reason. It writes a markdown page (device facts, versions, the table, the command) and a JSON
 file with every figure. Usage::
 
     python bench_zoo.py [--models mobilenet_v2 ...] [--backends numpy onnxruntime ...]
         [--threads 2] [--runs 15] [--warmup 3] [--json zoo.json] [--markdown docs/performance.md]
+    python bench_zoo.py --from-json zoo.json --markdown docs/performance.md   # the page again, nothing measured
 """
 
 from __future__ import annotations
@@ -58,24 +59,32 @@ def quantized(model: ei.Model) -> ei.Model:
 
 def measure(name: str, precision: str, model: ei.Model, backends: list[str], *, threads: int, runs: int,
             warmup: int) -> list[dict[str, Any]]:
+    """Every backend that can run ``model``, timed together in interleaved rounds; the others
+    recorded with the reason they gave."""
     feeds = model.random_feeds(batch=1)
-    rows = []
-    for backend in backends:  # one at a time: a backend that fails must not take the others down
-        row: dict[str, Any] = {"model": name, "precision": precision, "backend": backend}
+    rows = {backend: {"model": name, "precision": precision, "backend": backend} for backend in backends}
+    runnable = []
+    for backend in backends:  # a backend that cannot run the model must not take the others down
         try:
-            [report] = bench.latency(model, [backend], feeds, threads=threads, runs=runs, warmup=warmup,
-                                     profile=False)
+            with ei.Session(model, backend=backend, threads=threads) as session:
+                session.run(feeds)
         except ei.EdgeInferError as exc:
-            row["error"] = " ".join(str(exc).split())[:300]
+            rows[backend]["error"] = " ".join(str(exc).split())[:300]
         else:
-            row.update({k: v for k, v in asdict(report).items() if k not in ("backend", "profile", "plan")})
-        rows.append(row)
-        print(f"  {name} {precision} {backend}: "
+            runnable.append(backend)
+    if runnable:
+        for report in bench.latency(model, runnable, feeds, threads=threads, runs=runs, warmup=warmup,
+                                    profile=False):
+            rows[report.backend].update({k: v for k, v in asdict(report).items()
+                                         if k not in ("backend", "profile", "plan")})
+    for row in rows.values():
+        print(f"  {name} {precision} {row['backend']}: "
               + (f"{row['ms']['median']:.3f} ms" if "ms" in row else f"skipped ({row['error'][:80]})"), flush=True)
-    return rows
+    return list(rows.values())
 
 
-def markdown(document: dict[str, Any], command: str) -> str:
+def markdown(document: dict[str, Any]) -> str:
+    command = document.get("command") or "python benchmarks/bench_zoo.py"
     facts = document["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in facts["versions"].items())
     backends = document["backends"]
@@ -96,8 +105,9 @@ def markdown(document: dict[str, Any], command: str) -> str:
         f"- settings: batch 1, threads {document['threads']}, {document['runs']} interleaved runs after "
         f"{document['warmup']} warm-up; INT8 is static QDQ calibrated on {CALIBRATION_SAMPLES} random samples",
         "- median latency in ms (p90 in brackets); below it the peak resident memory the backend added "
-        "while compiling and warming up (kernel high-water mark); `-`: the backend cannot run the model "
-        "(reason in the JSON)",
+        "while compiling and warming up (kernel high-water mark; the first model a backend runs also pays "
+        "for loading its engine); `-`: the backend cannot run the model (reason in the JSON)",
+        *([f"- note: {document['note']}"] if document.get("note") else []),
         "",
         "| model | precision | " + " | ".join(backends) + " | fastest |",
         "|---|---|" + "---|" * len(backends) + "---|",
@@ -142,9 +152,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--markdown", type=Path, help="write the markdown page here (e.g. docs/performance.md)")
+    parser.add_argument("--note", help="a line about the device to print with the figures")
+    parser.add_argument("--from-json", type=Path, help="measure nothing: write the page from an earlier --json")
     args = parser.parse_args(argv)
     if args.threads < 1 or args.runs < 1 or args.warmup < 0:
         parser.error("--threads and --runs must be positive, --warmup not negative")
+    if args.from_json:
+        document = json.loads(args.from_json.read_text())
+        if args.note:
+            document["note"] = args.note
+        write(document, args.json, args.markdown)
+        return
     backends = args.backends or installed_backends()
     started = time.perf_counter()
     results: list[dict[str, Any]] = []
@@ -156,16 +174,21 @@ def main(argv: list[str] | None = None) -> None:
             chosen = model if precision == "fp32" else quantized(model)
             results += measure(name, precision, chosen, backends, threads=args.threads, runs=args.runs,
                                warmup=args.warmup)
+    command = "python benchmarks/bench_zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
     document = {"date": datetime.date.today().isoformat(), "machine": bench.machine_facts(), "threads": args.threads,
                 "runs": args.runs, "warmup": args.warmup, "backends": backends, "models": args.models,
-                "seconds": time.perf_counter() - started, "results": results}
-    command = "python benchmarks/bench_zoo.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = markdown(document, command.strip())
+                "seconds": time.perf_counter() - started, "command": command.strip(), "note": args.note,
+                "results": results}
+    write(document, args.json, args.markdown)
+
+
+def write(document: dict[str, Any], json_path: Path | None, markdown_path: Path | None) -> None:
+    text = markdown(document)
     print(text)
-    if args.json:
-        atomic_write_bytes(args.json, json.dumps(document, indent=1).encode())
-    if args.markdown:
-        atomic_write_bytes(args.markdown, text.encode())
+    if json_path:
+        atomic_write_bytes(json_path, json.dumps(document, indent=1).encode())
+    if markdown_path:
+        atomic_write_bytes(markdown_path, text.encode())
 
 
 if __name__ == "__main__":
