@@ -188,10 +188,12 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
               help="Timed runs after one warm-up run.")
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Write each output as NAME.npy here.")
 @click.option("--profile", is_flag=True, help="Print the slowest nodes of the last run with their shapes.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path),
+              help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
 @handle_errors
 def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
-        profile: bool) -> None:
+        profile: bool, json_path: Path | None) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing.
 
     Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
@@ -209,12 +211,14 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
         start = time.perf_counter()
         outputs = session.run(feeds)
         times.append(time.perf_counter() - start)
-    for name, array in outputs.items():
-        click.echo(f"output {name}: {array.dtype}{list(array.shape)} {_preview(array)}")
     times_ms = np.array(times) * 1000
-    click.echo(f"latency ({session.backend_name}, threads={threads or 'default'}): median {np.median(times_ms):.3f} ms, "
-               f"min {times_ms.min():.3f} ms over {repeat} runs")
-    if profile:
+    to_stdout = json_path is not None and str(json_path) == "-"
+    if not to_stdout:
+        for name, array in outputs.items():
+            click.echo(f"output {name}: {array.dtype}{list(array.shape)} {_preview(array)}")
+        click.echo(f"latency ({session.backend_name}, threads={threads or 'default'}): median "
+                   f"{np.median(times_ms):.3f} ms, min {times_ms.min():.3f} ms over {repeat} runs")
+    if profile and not to_stdout:
         _print_profile(session.stats())
     if output_dir is not None:
         from edgeinfer.format.atomic import atomic_write
@@ -224,7 +228,33 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
             atomic_write(output_dir / f"{safe}.npy",
                          lambda handle, a=array: np.save(handle, a, allow_pickle=False))
-        click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
+        if not to_stdout:
+            click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
+    if json_path is not None:
+        _write_run_json(json_path, outputs, times_ms, session.backend_name, threads)
+
+
+def _write_run_json(path: Path, outputs: dict[str, np.ndarray], times_ms: np.ndarray, backend: str,
+                    threads: int | None) -> None:
+    import json
+
+    from edgeinfer.bench import percentiles
+    from edgeinfer.format.atomic import atomic_write_bytes
+
+    def described(array: np.ndarray) -> dict[str, Any]:
+        facts: dict[str, Any] = {"dtype": str(array.dtype), "shape": list(array.shape)}
+        if array.dtype.kind in "fiub" and array.size:
+            facts.update(mean=float(array.mean()), std=float(array.std()), min=float(array.min()),
+                         max=float(array.max()))
+        return facts
+
+    document = {"backend": backend, "threads": threads, "outputs": {k: described(v) for k, v in outputs.items()},
+                "latency_ms": percentiles(times_ms / 1000), "runs": len(times_ms)}
+    text = json.dumps(document, indent=1)
+    if str(path) == "-":
+        click.echo(text)
+    else:
+        atomic_write_bytes(path, text.encode())
 
 
 def _print_profile(stats: dict, top: int = 15) -> None:

@@ -140,3 +140,17 @@ def test_every_command_help_has_an_example():
 def test_version():
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0 and ei.__version__ in result.output
+
+
+def test_run_json_summarizes_the_outputs_it_also_writes(tmp_path, onnx_file):
+    out_dir = tmp_path / "outs"
+    result = CliRunner().invoke(main, ["run", str(onnx_file), "--random-inputs", "--batch", "2", "--repeat", "3",
+                                       "--output-dir", str(out_dir), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    document = json.loads(result.stdout)
+    y = np.load(out_dir / "y.npy")
+    assert document["outputs"]["y"]["shape"] == list(y.shape)
+    assert document["outputs"]["y"]["mean"] == pytest.approx(float(y.mean()))
+    assert document["runs"] == 3 and document["latency_ms"]["min"] <= document["latency_ms"]["max"]
