@@ -18,6 +18,19 @@ from edgeinfer.cli_support import handle_errors, one_line, parse_backend, sessio
 from edgeinfer.errors import InputError
 from edgeinfer.quantize.cli import apply_quantization, quantize_command, quantize_options
 
+WEIGHTS_HELP = "Weights file of a Caffe MODEL (.caffemodel), converted first."
+
+
+def _load_model(model_path: Path, weights: Path | None):
+    """An .eim file is loaded; any other model file is converted (a Caffe one with ``--weights``)."""
+    from edgeinfer.api import convert, load_any
+
+    if weights is None:
+        return load_any(model_path)
+    if not weights.is_file():
+        raise InputError(f"--weights {weights}: no such file")
+    return convert(model_path, weights=weights)
+
 
 def _parse_shape_option(values: tuple[str, ...]) -> dict[str, tuple[int | str, ...]]:
     """``name:1x3x224x224`` -> {name: (1, 3, 224, 224)}; a dim may be a symbol such as N."""
@@ -190,18 +203,18 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
 @click.option("--profile", is_flag=True, help="Print the slowest nodes of the last run with their shapes.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path),
               help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
+@click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
 def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
-        profile: bool, json_path: Path | None) -> None:
+        profile: bool, json_path: Path | None, weights: Path | None) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing.
 
     Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
     """
     import edgeinfer as ei
-    from edgeinfer.api import load_any
 
-    model = load_any(model_path)
+    model = _load_model(model_path, weights)
     feeds = _load_feeds(model, inputs, random_inputs, batch)
     session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
                          executor=executor, debug=profile or None)
@@ -298,9 +311,10 @@ def _preview(array: np.ndarray) -> str:
               help="Write a self-contained HTML view of the graph here (no network needed to open it).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path),
               help="Write the summary as JSON here ('-': to stdout, nothing else printed).")
+@click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
 def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, device: str, executor: str,
-            dot_path: Path | None, html_path: Path | None, json_path: Path | None) -> None:
+            dot_path: Path | None, html_path: Path | None, json_path: Path | None, weights: Path | None) -> None:
     """Summarize MODEL (.eim or any convertible file): inputs, outputs, ops, parameters, FLOPs,
     weight bytes, quantization; draw its graph.
 
@@ -309,13 +323,12 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
     import json
 
     from edgeinfer import graphview
-    from edgeinfer.api import load_any
     from edgeinfer.format.atomic import atomic_write_bytes
 
     for path, suffix in ((dot_path, ".dot"), (html_path, ".html")):
         if path is not None and path.suffix.lower() not in (suffix, ".gv" if suffix == ".dot" else ".htm"):
             raise InputError(f"--{suffix[1:]} {path}: expected a path ending in {suffix}")
-    model = load_any(model_path)
+    model = _load_model(model_path, weights)
     summary = model.summary()
     quantized = graphview.quantization(model.graph)
     lines = [f"model   {model_path}"]
@@ -375,16 +388,16 @@ def _print_plan(model, backend: str | list[str], device: str, executor: str) -> 
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The file to write: .onnx, or .tflite (full-integer INT8 for a quantized model).")
+@click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
-def export(model_path: Path, output: Path) -> None:
+def export(model_path: Path, output: Path, weights: Path | None) -> None:
     """Export MODEL (.eim, or any convertible file) to ONNX or TFLite, by the suffix of -o.
 
     Example: edgeinfer export model.int8.eim -o model.tflite
     """
     import edgeinfer as ei
-    from edgeinfer.api import load_any
 
-    ei.export(load_any(model_path), output)
+    ei.export(_load_model(model_path, weights), output)
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
 
 
@@ -417,12 +430,13 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "ray")
               help="Write every figure and the machine's facts as JSON here ('-': to stdout, no table).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="Write a PNG: latency distribution per backend and the slowest ops.")
+@click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
           inputs: tuple[str, ...], batch: int, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
-          quiet: bool) -> None:
+          weights: Path | None, quiet: bool) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
 
     Per backend: compile time, first run, latency min/median/p90/p99/max over interleaved rounds,
@@ -435,7 +449,6 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 
     from edgeinfer import bench as measure
     from edgeinfer import bench_tables as tables
-    from edgeinfer.api import load_any
     from edgeinfer.format.atomic import atomic_write_bytes
     from edgeinfer.peers import PEERS
     from edgeinfer.progress import progress_bar, shows_progress
@@ -449,7 +462,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
         raise InputError(f"--plot {plot_path}: expected a path ending in .png")
     to_stdout = json_path is not None and str(json_path) == "-"
     quiet = quiet or to_stdout
-    model = load_any(model_path)
+    model = _load_model(model_path, weights)
     feeds = _load_feeds(model, inputs, True, batch)
     options = {"device": device, "fallback": fallback, "executor": "dag" if executor == "dag" else "sequential"}
     peer_names = list(PEERS) if peers else []

@@ -202,3 +202,17 @@ def test_progress_bar_goes_to_stderr_only_for_a_terminal(onnx_file, monkeypatch)
     json.loads(result.stdout)  # the bar never reaches stdout
     result = CliRunner().invoke(main, ["bench", str(onnx_file), "--runs", "4", "--warmup", "0"])
     assert result.exit_code == 0 and "median ms" in result.stdout
+
+
+def test_bench_converts_a_caffe_model_with_its_weights_first():
+    from pathlib import Path
+
+    lenet = Path(__file__).resolve().parents[1] / "models" / "caffe_lenet_digits"
+    result = invoke("bench", lenet / "lenet_digits.prototxt", "--weights", lenet / "lenet_digits.caffemodel",
+                    "--backend", "onnxruntime", "--runs", 2, "--warmup", 0, "--json", "-")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    model = ei.convert(lenet / "lenet_digits.prototxt", weights=lenet / "lenet_digits.caffemodel")
+    assert document["settings"]["feeds"] == {i.name: list(i.shape) for i in model.inputs}
+    missing = invoke("bench", lenet / "lenet_digits.prototxt", "--weights", lenet / "absent.caffemodel")
+    assert missing.exit_code == 2 and "--weights" in missing.output and "no such file" in missing.output
