@@ -105,8 +105,8 @@ def markdown(document: dict[str, Any]) -> str:
         f"- settings: batch 1, threads {document['threads']}, {document['runs']} interleaved runs after "
         f"{document['warmup']} warm-up; INT8 is static QDQ calibrated on {CALIBRATION_SAMPLES} random samples",
         "- median latency in ms (p90 in brackets); below it the peak resident memory the backend added "
-        "while compiling and warming up (kernel high-water mark; the first model a backend runs also pays "
-        "for loading its engine); `-`: the backend cannot run the model (reason in the JSON)",
+        "while compiling and warming up (kernel high-water mark, measured after a check run that loads the "
+        "engine); `-`: the backend cannot run the model (reason in the JSON)",
         *([f"- note: {document['note']}"] if document.get("note") else []),
         "",
         "| model | precision | " + " | ".join(backends) + " | fastest |",
