@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from edgeinfer import limits
 from edgeinfer.converters.tflite.importer import RULES, import_model
 from edgeinfer.converters.tflite.reader import read_model
 from edgeinfer.errors import ModelFormatError
@@ -25,7 +26,7 @@ from edgeinfer.ir import Graph
 
 SUFFIXES = (".tflite",)
 IDENTIFIER = b"TFL3"
-MAX_FILE_BYTES = 1 << 34  # 16 GiB: beyond anything an edge model needs
+MAX_FILE_BYTES = limits.MAX_FILE_BYTES
 
 
 def _is_flatbuffer(data: Any) -> bool:

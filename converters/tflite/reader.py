@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import flatbuffers.util
 import numpy as np
 
+from edgeinfer import limits
 from edgeinfer.converters.tflite import schema
 from edgeinfer.converters.tflite.schema import Slot
 from edgeinfer.errors import ModelFormatError
 
 _SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "f": 4, "q": 8, "Q": 8, "d": 8}
-_MAX_DEPTH_VECTOR = 1 << 28  # no sane model has a vector with more elements
 
 
 class Buffer:
@@ -101,7 +101,7 @@ class Table:
             return None
         what = f"{self.what}.{name}"
         length = self.buf.read("I", start, what)
-        if length > _MAX_DEPTH_VECTOR:
+        if length > limits.MAX_VECTOR_ELEMENTS:
             raise self.buf.fail(f"{what} claims {length} elements")
         self.buf.check(start + 4, length * elem_size, what)
         return start + 4, length

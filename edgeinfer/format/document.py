@@ -34,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.dtypes import TypeSpec
 from edgeinfer.ir.graph import Graph, Node, Value
 
 TAG = "t"
-MAX_NESTING = 32  # subgraphs inside subgraphs and lists inside lists, together
+MAX_NESTING = limits.MAX_DOCUMENT_NESTING  # subgraphs inside subgraphs and lists inside lists, together
 MAX_DIM = 2**63 - 1  # a dim must fit ONNX's int64 dim_value
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 

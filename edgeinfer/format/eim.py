@@ -55,6 +55,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError, ModelValidationError
 from edgeinfer.format.atomic import atomic_write
 from edgeinfer.format.document import (
@@ -77,8 +78,8 @@ _KNOWN_FLAGS = {1: 0, 2: FLAG_COMPRESSED_DOCUMENT}
 COMPRESSION_LEVEL = 6  # zlib's default: level 9 saves under 1% more on these documents, slower
 HEADER = struct.Struct("<4sHHIIQQQ32s")
 HEADER_SIZE = HEADER.size
-MAX_JSON_BYTES = 256 * 1024 * 1024
-MAX_RANK = 64  # numpy's limit on array dimensions
+MAX_JSON_BYTES = limits.MAX_DOCUMENT_BYTES
+MAX_RANK = limits.MAX_RANK
 _TOP_FIELDS = ("format", "version", "metadata", "tensors", "graph")
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from edgeinfer.converters.tflite.importer import OPSET, OpContext, SubgraphImporter, _dims, rule
 from edgeinfer.errors import ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
-
-_MAX_NESTING = 16
+from edgeinfer.limits import MAX_GRAPH_NESTING
 
 
 def _inline(ctx: OpContext, subgraph_index: int, bound_values: list[str], nodes: list[Node]) -> list[str]:
@@ -24,8 +23,8 @@ def _inline(ctx: OpContext, subgraph_index: int, bound_values: list[str], nodes:
         raise ModelFormatError(f"{ctx.where}: subgraph {subgraph_index} takes {len(sub.inputs)} inputs, "
                                f"the WHILE carries {len(bound_values)}")
     depth = ctx.imp.depth + 1
-    if depth > _MAX_NESTING:
-        raise ModelFormatError(f"{ctx.where}: control flow nested deeper than {_MAX_NESTING} (a cycle?)")
+    if depth > MAX_GRAPH_NESTING:
+        raise ModelFormatError(f"{ctx.where}: control flow nested deeper than {MAX_GRAPH_NESTING} (a cycle?)")
     importer = SubgraphImporter(model, sub, ctx.imp.builder, nodes,
                                 dict(zip(sub.inputs, bound_values, strict=True)), depth)
     importer.run()
