@@ -13,14 +13,17 @@ What it adds to the core proto translation (``edgeinfer.ir.onnx_io``):
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
 
 import onnx
-from google.protobuf.message import DecodeError
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
 from onnx import version_converter
 
+from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph
 from edgeinfer.ir.onnx_io import graph_from_model, opset_of
@@ -60,8 +63,12 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     path = Path(path)
     if not path.is_file():
         raise ModelFormatError(f"{path}: expected an ONNX model file, found no such file")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise ModelFormatError(f"{path}: expected an ONNX model, found an empty file")
+    if size > limits.MAX_PROTOBUF_BYTES:
+        raise ModelFormatError(f"{path}: expected an ONNX protobuf of at most {limits.MAX_PROTOBUF_BYTES} bytes "
+                               f"(protobuf's limit; larger weights go in external data), found {size} bytes")
     try:
         model = onnx.load_model(os.fspath(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
@@ -90,8 +97,11 @@ def _external_tensors(model: onnx.ModelProto):
 def _load_external(tensor: onnx.TensorProto, folder: Path, model_path: Path) -> None:
     info = {entry.key: entry.value for entry in tensor.external_data}
     location = info.get("location", "")
-    target = (folder / location).resolve()
-    if not location or os.path.isabs(location) or not target.is_relative_to(folder):
+    try:
+        target = (folder / location).resolve()
+    except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop, a name too long
+        target = None
+    if not location or os.path.isabs(location) or target is None or not target.is_relative_to(folder):
         raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data location {location!r} "
                                f"must be a relative path inside {folder}")
     if not target.is_file():
@@ -124,7 +134,66 @@ def _check_ops_known(graph: onnx.GraphProto, opset: dict[str, int], where: str) 
                 _check_ops_known(sub, opset, where)
 
 
+_NAME_FIELDS = frozenset({"name", "op_type", "domain", "input", "output", "key"})
+
+
+def check_structure(model: onnx.ModelProto, where: str) -> None:
+    """Refuse what the rest of the import cannot handle safely, before it looks at anything.
+
+    Walks every message of the model without recursion: a string field must hold valid UTF-8
+    (protobuf hands undecodable proto2 strings over as bytes, which later code would choke on),
+    names are at most ``MAX_NAME_CHARS``, shapes at most ``MAX_RANK`` dims and subgraphs nested
+    at most ``MAX_GRAPH_NESTING`` deep. Bytes fields (tensor data) are never read here.
+    """
+    stack: list[tuple[Message, int, str]] = [(model, 0, "model")]
+    while stack:
+        message, depth, path = stack.pop()
+        kind = message.DESCRIPTOR.name
+        if kind == "GraphProto":
+            depth += 1
+            if depth > limits.MAX_GRAPH_NESTING + 1:
+                raise ModelFormatError(f"{where}: graph {message.name!r}: expected subgraphs nested at most "
+                                       f"{limits.MAX_GRAPH_NESTING} deep, found it at depth {depth - 1} "
+                                       f"({_short(path)})")
+        elif kind == "TensorShapeProto" and len(message.dim) > limits.MAX_RANK:
+            raise ModelFormatError(f"{where}: {_short(path)}: expected a shape of at most {limits.MAX_RANK} dims, "
+                                   f"found {len(message.dim)}")
+        elif kind == "TensorProto" and len(message.dims) > limits.MAX_RANK:
+            raise ModelFormatError(f"{where}: {_short(path)} {message.name!r}: expected at most {limits.MAX_RANK} "
+                                   f"dims, found {len(message.dims)}")
+        for name, repeated, is_string in _fields_to_walk(message.DESCRIPTOR):
+            if is_string:
+                for item in getattr(message, name) if repeated else (getattr(message, name),):
+                    _check_string(item, name, f"{path}.{name}", where)
+            elif repeated:
+                stack.extend((child, depth, f"{path}.{name}[{i}]") for i, child in enumerate(getattr(message, name)))
+            elif message.HasField(name):
+                stack.append((getattr(message, name), depth, f"{path}.{name}"))
+
+
+@functools.cache
+def _fields_to_walk(descriptor: Descriptor) -> tuple[tuple[str, bool, bool], ...]:
+    """(name, repeated, is a string) of the string and message fields of a message type."""
+    return tuple((field.name, field.is_repeated, field.type == FieldDescriptor.TYPE_STRING)
+                 for field in descriptor.fields
+                 if field.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE))
+
+
+def _short(path: str, keep: int = 120) -> str:
+    return path if len(path) <= keep else "..." + path[-keep:]
+
+
+def _check_string(value: str | bytes, field: str, path: str, where: str) -> None:
+    if not isinstance(value, str):
+        raise ModelFormatError(f"{where}: {_short(path)}: expected a UTF-8 string, found undecodable bytes "
+                               f"{bytes(value)[:40]!r}; the file is corrupt")
+    if field in _NAME_FIELDS and len(value) > limits.MAX_NAME_CHARS:
+        raise ModelFormatError(f"{where}: {_short(path)}: expected a name of at most {limits.MAX_NAME_CHARS} "
+                               f"characters, found {len(value)}")
+
+
 def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: bool = True) -> Graph:
+    check_structure(model, where)
     opset = opset_of(model)
     if not opset:
         raise ModelFormatError(f"{where}: expected opset imports, found none")
@@ -148,6 +217,8 @@ def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: boo
         model = _upgraded(model)
     try:
         onnx.checker.check_model(model)
+    except ValueError as exc:  # the checker's own parser refuses the model (too deep, too large)
+        raise ModelFormatError(f"{where}: the ONNX checker cannot parse the model: {str(exc).strip()[:200]}") from exc
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise ModelValidationError(f"{where}: the ONNX checker rejects the model: {first}") from exc

@@ -8,6 +8,7 @@ what users hand us) lives in ``edgeinfer.converters.onnx``; backends and the CLI
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper, numpy_helper
 
+from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN, Graph, Node, Value
@@ -73,11 +75,21 @@ def _attr_from_proto(attr: AttributeProto, where: str, opset: Mapping[str, int])
 def _sparse_to_dense(sparse: onnx.SparseTensorProto, where: str) -> np.ndarray:
     values = tensor_to_array(sparse.values, where)
     indices = tensor_to_array(sparse.indices, where)
-    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
-    if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
-    else:
-        dense[tuple(indices.T)] = values
+    dims = tuple(int(d) for d in sparse.dims)
+    elements = math.prod(dims)
+    if any(d < 0 for d in dims) or elements > limits.MAX_TENSOR_ELEMENTS or len(dims) > limits.MAX_RANK:
+        raise ModelFormatError(f"sparse tensor {sparse.values.name!r}{where}: expected non-negative dims, at most "
+                               f"{limits.MAX_RANK} of them and at most {limits.MAX_TENSOR_ELEMENTS} elements once "
+                               f"dense, found dims {list(dims)}")
+    dense = np.zeros(dims, dtype=values.dtype)
+    try:
+        if indices.ndim == 1:
+            dense.reshape(-1)[indices] = values
+        else:
+            dense[tuple(indices.T)] = values
+    except (IndexError, ValueError) as exc:
+        raise ModelFormatError(f"sparse tensor {sparse.values.name!r}{where}: indices of shape {indices.shape} "
+                               f"and values of shape {values.shape} do not fit dims {list(dims)} ({exc})") from None
     return dense
 
 
