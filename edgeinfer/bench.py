@@ -33,6 +33,7 @@ from edgeinfer.model import Model
 from edgeinfer.progress import NoProgress, Progress
 
 STREAM_EXECUTORS = ("local", "ray")
+MEMORY_MODES = ("inline", "isolated")
 PROFILE_RUNS = 5
 TOP_N = 10
 
@@ -119,17 +120,22 @@ class _Contender:
             self.session.close()
 
 
-def steps(backends: Sequence[Any], peers: Sequence[str], runs: int, profile: bool) -> int:
+def steps(backends: Sequence[Any], peers: Sequence[str], runs: int, profile: bool, memory: str = "inline") -> int:
     """How many ``advance`` calls ``latency`` makes, for a progress bar's total."""
-    return len(backends) + len(peers) + runs + (len(backends) if profile else 0)
+    isolated = len(backends) + len(peers) if memory == "isolated" else 0
+    return len(backends) + len(peers) + runs + (len(backends) if profile else 0) + isolated
 
 
 def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[str, Any], *, threads: int | None,
             runs: int, warmup: int, peers: Sequence[str] = (), source: str | os.PathLike | None = None,
             profile: bool = True, progress: Progress | None = None, skipped: dict[str, str] | None = None,
-            **session_options: Any) -> list[LatencyReport]:
+            memory: str = "inline", **session_options: Any) -> list[LatencyReport]:
     """Compile, memory, first run and interleaved latency of each backend (and raw-engine
     ``peers``, see ``edgeinfer.peers``), with an untimed profile of each backend.
+
+    ``memory="isolated"``: the peak memory of each contender is measured again in a fresh
+    process of its own (model, feeds and options sent to it), so no contender pays for or
+    profits from what another loaded; the figures replace the in-process ones.
 
     A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason).
     ``source``: the user's model file, which a peer of the same format runs directly.
@@ -185,6 +191,15 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 report.profile = profile_session(session, feeds)
                 progress.advance()
             reports.append(report)
+        if memory == "isolated":
+            for report in reports:
+                progress.describe(f"memory of {report.backend} in a fresh process")
+                name = report.backend.removeprefix("raw ") if report.peer else None
+                backend = next((b for b in backends if backend_label(b) == report.backend), None)
+                report.peak_rss_bytes, report.memory_method = isolated_peak_rss(
+                    model, dict(feeds), backend=backend, peer=name, threads=threads, warmup=warmup,
+                    source=source, session_options=session_options)
+                progress.advance()
         return reports
     finally:
         for contender in contenders:
@@ -208,6 +223,55 @@ def _prepare(label: str, make: Callable[[], tuple[Any, Callable[[], Any]]], warm
                 session.close()
             raise
     return _Contender(label, run, compile_s, first_ms, memory, session)
+
+
+def isolated_peak_rss(model: Model, feeds: dict[str, Any], *, backend: Any, peer: str | None, threads: int | None,
+                      warmup: int, source: str | os.PathLike | None = None,
+                      session_options: Mapping[str, Any] | None = None) -> tuple[int, str]:
+    """(peak RSS increase, method) of compile, first run and ``warmup`` runs of one contender,
+    in a fresh Python process (spawned, not forked: it starts with nothing loaded)."""
+    import multiprocessing
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    from edgeinfer.errors import BackendError
+
+    context = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="edgeinfer-memory-") as folder:
+        path = os.path.join(folder, "model.eim")  # the child loads it as a user would
+        model.save(path)
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            job = pool.submit(_child_peak_rss, path, feeds, backend, peer, threads, warmup,
+                              None if source is None else os.fspath(source), dict(session_options or {}))
+            try:
+                increase, method = job.result()
+            except Exception as exc:  # the child's error, or the child died
+                raise BackendError(f"memory of {peer or backend_label(backend)} in a fresh process failed: "
+                                   f"{exc}") from exc
+    return increase, f"{method}, in a fresh process"
+
+
+def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | None, threads: int | None,
+                    warmup: int, source: str | None, session_options: dict[str, Any]) -> tuple[int, str]:
+    from edgeinfer.api import load
+
+    model = load(path)
+    if peer is not None:
+        from edgeinfer import peers as raw
+
+        def make() -> tuple[Any, Callable[[], Any]]:
+            runner, _ = raw.prepare(peer, model, threads, source=source)
+            return None, lambda: runner(dict(feeds))
+    else:
+        from edgeinfer.session import Session
+
+        def make() -> tuple[Any, Callable[[], Any]]:
+            session = Session(model, backend=backend, threads=threads, **session_options)
+            return session, lambda: session.run(feeds)
+
+    contender = _prepare("child", make, warmup)
+    contender.close()
+    return contender.memory.increase, contender.memory.method
 
 
 def _timed_rounds(runs: Mapping[str, Callable[[], Any]], rounds: int, progress: Progress) -> dict[str, list[float]]:

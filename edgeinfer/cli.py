@@ -430,13 +430,16 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "ray")
               help="Write every figure and the machine's facts as JSON here ('-': to stdout, no table).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path),
               help="Write a PNG: latency distribution per backend and the slowest ops.")
+@click.option("--memory", type=click.Choice(["inline", "isolated"]), default="inline", show_default=True,
+              help="Peak RSS per backend measured in this process (alone, before timing), or each in a fresh "
+                   "process (slower; nothing one engine loaded counts for another).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
           inputs: tuple[str, ...], batch: int, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
-          weights: Path | None, quiet: bool) -> None:
+          memory: str, weights: Path | None, quiet: bool) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
 
     Per backend: compile time, first run, latency min/median/p90/p99/max over interleaved rounds,
@@ -467,11 +470,11 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     options = {"device": device, "fallback": fallback, "executor": "dag" if executor == "dag" else "sequential"}
     peer_names = list(PEERS) if peers else []
     skipped: dict[str, str] = {}
-    total = measure.steps(contenders, peer_names, runs, top > 0) + (2 if stream_requests else 0)
+    total = measure.steps(contenders, peer_names, runs, top > 0, memory) + (2 if stream_requests else 0)
     with progress_bar(f"bench {model_path.name}", total, enabled=shows_progress(quiet)) as progress:
         reports = measure.latency(model, contenders, feeds, threads=threads, runs=runs, warmup=warmup,
                                   peers=peer_names, source=model_path, profile=top > 0, progress=progress,
-                                  skipped=skipped, **options)
+                                  skipped=skipped, memory=memory, **options)
         streams = []
         if stream_requests:
             choice = int(stages) if stages.isdigit() else "auto"
@@ -483,7 +486,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
                 progress.advance()
     document = measure.as_json(reports, streams, skipped_peers=skipped, settings={
         "model": str(model_path), "backends": backends, "threads": threads, "device": device, "batch": batch,
-        "runs": runs, "warmup": warmup, "executor": executor, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
+        "runs": runs, "warmup": warmup, "executor": executor, "memory": memory, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
     if to_stdout:
         click.echo(json.dumps(document, indent=1))
         return

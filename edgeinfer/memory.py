@@ -12,8 +12,10 @@ says which one was used.
 
 What it does not see: memory a previous piece of work freed to the allocator but the process
 kept is reused without raising the RSS, so in one process an earlier contender can pay for
-pages a later one reuses. ``edgeinfer bench`` measures each contender alone (compile, first
-run and warm-up runs), right after ``gc.collect()``, before timing them together.
+pages a later one reuses, and only the first to load a shared library pays for it.
+``edgeinfer bench`` measures each contender alone (compile, first run and warm-up runs), right
+after ``gc.collect()``, before timing them together; ``--memory isolated`` measures each again
+in a fresh process of its own (``edgeinfer.bench.isolated_peak_rss``), where neither happens.
 """
 
 from __future__ import annotations

@@ -216,3 +216,21 @@ def test_bench_converts_a_caffe_model_with_its_weights_first():
     assert document["settings"]["feeds"] == {i.name: list(i.shape) for i in model.inputs}
     missing = invoke("bench", lenet / "lenet_digits.prototxt", "--weights", lenet / "absent.caffemodel")
     assert missing.exit_code == 2 and "--weights" in missing.output and "no such file" in missing.output
+
+
+def test_isolated_memory_is_measured_in_a_fresh_process_per_contender(tmp_path, onnx_file):
+    out = tmp_path / "r.json"
+    result = invoke("bench", onnx_file, "--backend", "onnxruntime", "--peers", "--runs", 2, "--warmup", 0,
+                    "--top", 0, "--memory", "isolated", "--json", out, "--quiet")
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["settings"]["memory"] == "isolated"
+    for report in document["latency"]:
+        assert report["memory_method"].endswith("in a fresh process")
+        assert report["peak_rss_bytes"] > 0  # a fresh process loads the engine itself
+
+
+def test_isolated_memory_failure_is_a_backend_error(mlp_model):
+    model = ei.convert(mlp_model)
+    with pytest.raises(BackendError, match="memory of nosuchengine in a fresh process failed"):
+        bench.isolated_peak_rss(model, model.random_feeds(), backend="nosuchengine", peer=None, threads=1, warmup=0)
