@@ -361,13 +361,15 @@ def stream(model: Model, backend: str | list[str], feeds: Mapping[str, Any], *, 
     if executor == "ray":
         session_options = {**session_options, "executor": "ray"}
     label = backend_label(backend)
-    with Session(model, backend=backend, threads=threads, **session_options) as session:
+    # the pipeline's shape is the session's (Ray builds its actors from it)
+    with Session(model, backend=backend, threads=threads, stages=stages, replicas=replicas,
+                 **session_options) as session:
         start = time.perf_counter()
-        plan = session.pipeline_plan(feeds, stages=stages, replicas=replicas)  # the stream below reuses it
+        plan = session.pipeline_plan(feeds)  # the stream below reuses it
         planning = time.perf_counter() - start
 
         def pipelined() -> None:
-            for _ in session.stream((feeds for _ in range(requests)), stages=stages, replicas=replicas):
+            for _ in session.stream(feeds for _ in range(requests)):
                 pass
 
         def sequential() -> None:
