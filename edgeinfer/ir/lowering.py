@@ -44,7 +44,7 @@ Ops (inputs in brackets are optional):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +71,19 @@ class LoweringContext:
 
     opset: int
     taken: set[str] = field(default_factory=set)
+    value_types: Mapping[str, str | None] = field(default_factory=dict)  # value name -> dtype name
 
     def fresh(self, base: str) -> str:
         return fresh_name(base, self.taken)
+
+    def float_type(self, name: str) -> np.dtype:
+        """The numpy type of the float value ``name`` (float32 where it is not known), for
+        constants that must match it (a scale beside fp16 scores)."""
+        from edgeinfer.ir import dtypes
+
+        known = self.value_types.get(name)
+        dtype = dtypes.numpy_dtype(known) if known and dtypes.is_tensor_type(known) else np.dtype(np.float32)
+        return dtype if dtype.kind == "f" or known == "bfloat16" else np.dtype(np.float32)
 
 
 @dataclass
@@ -108,7 +118,8 @@ def find_lowering(node: Node, graph: Graph) -> LoweringFn | None:
 
 
 def _apply(fn: LoweringFn, node: Node, graph: Graph, taken: set[str]) -> Lowered:
-    ctx = LoweringContext(graph.opset.get("", _LATEST_OPSET), taken)
+    types = {name: graph.values[name].dtype for name in node.inputs if name and name in graph.values}
+    ctx = LoweringContext(graph.opset.get("", _LATEST_OPSET), taken, types)
     lowered = fn(node, ctx)
     produced = {o for n in lowered.nodes for o in n.outputs if o}
     missing = [o for o in node.outputs if o and o not in produced]
@@ -179,7 +190,8 @@ def _type_rule_from(fn: LoweringFn):
         from edgeinfer.ir import dtypes
         from edgeinfer.ir.onnx_io import array_to_tensor
 
-        ctx = LoweringContext(_LATEST_OPSET, {v.name for v in inputs if v.name} | set(node.outputs))
+        ctx = LoweringContext(_LATEST_OPSET, {v.name for v in inputs if v.name} | set(node.outputs),
+                              {v.name: v.dtype for v in inputs if v.name})
         lowered = fn(node, ctx)
         graph = onnx.helper.make_graph(
             [onnx.helper.make_node(n.op_type, list(n.inputs), list(n.outputs),
@@ -366,7 +378,7 @@ def lower_attention(node: Node, ctx: LoweringContext) -> Lowered:
     tmp = lambda tag: ctx.fresh(f"{y}__{tag}")  # noqa: E731
     split = out.const(ctx, f"{y}__split_heads", [0, 0, heads, -1], np.int64)
     merge = out.const(ctx, f"{y}__merge_heads", [0, 0, -1], np.int64)
-    scale_c = out.const(ctx, f"{y}__scale", scale)
+    scale_c = out.const(ctx, f"{y}__scale", scale, ctx.float_type(q))  # in the scores' own type
     heads_of = {}
     for name, source, perm in (("q", q, (0, 2, 1, 3)), ("k", k, (0, 2, 3, 1)), ("v", v, (0, 2, 1, 3))):
         split_value, heads_value = tmp(f"{name}_split"), tmp(f"{name}_heads")
@@ -374,12 +386,8 @@ def lower_attention(node: Node, ctx: LoweringContext) -> Lowered:
                       Node("Transpose", [split_value], [heads_value], {"perm": perm})]
         heads_of[name] = heads_value
     scores, scaled, probs, context, context_t = (tmp(t) for t in ("scores", "scaled", "probs", "context", "context_t"))
-    out.nodes.append(Node("MatMul", [heads_of["q"], heads_of["k"]], [scores], name=node.name))
-    if ctx.opset >= 15:  # the scale in the scores' own type (fp16/bf16 attention), folded by engines
-        typed_scale = tmp("scale_typed")
-        out.nodes.append(Node("CastLike", [scale_c, scores], [typed_scale]))
-        scale_c = typed_scale
-    out.nodes.append(Node("Mul", [scores, scale_c], [scaled]))
+    out.nodes += [Node("MatMul", [heads_of["q"], heads_of["k"]], [scores], name=node.name),
+                  Node("Mul", [scores, scale_c], [scaled])]
     if mask:
         masked = tmp("masked")
         out.nodes.append(Node("Add", [scaled, mask], [masked]))
