@@ -16,6 +16,7 @@ placeholder weights and a ``RandomWeightsWarning``, for structure checks), ``inp
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from edgeinfer.converters.caffe.caffemodel import read_caffemodel, write_caffemo
 from edgeinfer.converters.caffe.prototxt import V1_TYPES, LayerSpec, NetSpec, UnknownFieldWarning, read_net
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir import Graph
+from edgeinfer.limits import MAX_RANK, MAX_TENSOR_ELEMENTS
 
 SUFFIXES = (".prototxt",)
 
@@ -135,6 +137,9 @@ def _inputs(net: NetSpec, overrides: dict[str, Sequence[int]], where: str) -> li
                                    "in the prototxt or input_shapes={...} in convert()")
         if any(int(d) <= 0 for d in shape):
             raise ModelFormatError(f"{where}: input {name!r} has shape {list(shape)}; expected positive dims")
+        if len(shape) > MAX_RANK or math.prod(int(d) for d in shape) > MAX_TENSOR_ELEMENTS:
+            raise ModelFormatError(f"{where}: input {name!r} has shape {list(shape)}; expected at most {MAX_RANK} "
+                                   f"dims and {MAX_TENSOR_ELEMENTS} elements")
         resolved.append((name, tuple(int(d) for d in shape)))
     if not resolved:
         raise ModelFormatError(f"{where}: the net declares no inputs (input:/input_shape or an Input layer)")

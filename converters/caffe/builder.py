@@ -11,6 +11,7 @@ their bottoms' shapes (pooling's output size, PriorBox, Crop, Slice).
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from edgeinfer.ir.graph import EDGEINFER_DOMAIN
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
 from edgeinfer.ir.onnx_io import EDGEINFER_OPSET_VERSION
+from edgeinfer.limits import MAX_TENSOR_ELEMENTS
 from edgeinfer.registry import OpRegistry
 
 OPSET = 17
@@ -226,6 +228,9 @@ class LayerContext:
     def _placeholder(self, blob: Blob, index: int) -> np.ndarray:
         if not isinstance(blob.fill, str):
             return np.full(blob.shape, blob.fill, dtype=np.float32)
+        if math.prod(blob.shape) > MAX_TENSOR_ELEMENTS:
+            raise ModelFormatError(f"{self.where}: placeholder blob {index} of shape {list(blob.shape)} would have "
+                                   f"more than {MAX_TENSOR_ELEMENTS} elements")
         seed = zlib.crc32(f"{self.name}/{index}".encode())
         fan_in = int(np.prod(blob.shape[1:])) if len(blob.shape) > 1 else 1
         rng = np.random.default_rng(seed)

@@ -11,6 +11,7 @@ file raises ``ModelFormatError`` naming the file, the layer and the byte offset.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Iterable, Sequence
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeinfer.errors import ModelFormatError
+from edgeinfer.limits import MAX_RANK
 
 # Field numbers (caffe.proto).
 _NET_LAYER, _NET_V1_LAYERS = 100, 2
@@ -164,8 +166,10 @@ def _read_blob(reader: _Reader) -> tuple[np.ndarray, bool]:
     data = chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     use_legacy = shape is None and has_legacy
     dims = tuple(shape) if shape is not None else tuple(legacy) if has_legacy else (data.size,)
-    if int(np.prod(dims, dtype=np.int64)) != data.size:
-        raise reader.fail(f"a blob declaring shape {list(dims)} ({int(np.prod(dims))} values) "
+    if len(dims) > MAX_RANK:
+        raise reader.fail(f"a blob shape of {len(dims)} dims (expected at most {MAX_RANK})")
+    if math.prod(dims) != data.size:  # Python ints: a product of huge dims cannot wrap around
+        raise reader.fail(f"a blob declaring shape {list(dims)} ({math.prod(dims)} values) "
                           f"but holding {data.size} values")
     return data.reshape(dims), use_legacy
 
@@ -211,9 +215,18 @@ def read_caffemodel(path: str | os.PathLike) -> dict[str, LayerWeights]:
         size = os.fstat(handle.fileno()).st_size
         if size == 0:
             raise ModelFormatError(f"{where}: expected a caffemodel (serialized NetParameter), found an empty file")
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            layers = _read_net(_Reader(buf, 0, size, where), V1_TYPE_NAMES)
-    return layers
+        buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _read_net(_Reader(buf, 0, size, where), V1_TYPE_NAMES)
+        except ModelFormatError as exc:
+            # Drop the frames of the failed read: arrays in them still view the map, and closing
+            # it under them raises BufferError instead of this error (found by fuzzing).
+            raise exc.with_traceback(None) from None
+        finally:
+            try:
+                buf.close()
+            except BufferError:  # a view survives (it closes the map when it dies); results are copies
+                pass
 
 
 def _read_net(reader: _Reader, v1_types: dict[int, str]) -> dict[str, LayerWeights]:

@@ -18,6 +18,7 @@ from google.protobuf import text_format
 
 from edgeinfer.converters.caffe.schema import LayerParameter, NetParameter, V1LayerParameter
 from edgeinfer.errors import ModelFormatError
+from edgeinfer.limits import MAX_TEXT_BYTES
 
 # V1LayerParameter.LayerType -> the V2 type string (Caffe's UpgradeV1LayerType).
 V1_TYPES = {
@@ -82,12 +83,18 @@ def parse_prototxt(path: str | os.PathLike) -> Any:
     where = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_TEXT_BYTES:
+                raise ModelFormatError(f"{where}: expected a Caffe prototxt of at most {MAX_TEXT_BYTES} bytes, "
+                                       f"found {size} bytes")
             text = handle.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelFormatError(f"{where}: expected a Caffe prototxt (text NetParameter), cannot read it "
                                f"({exc})") from exc
     try:
         return text_format.Parse(text, NetParameter())
+    except RecursionError:
+        raise _too_deep(where) from None
     except text_format.ParseError as strict_error:
         if "has no field named" not in str(strict_error):
             raise ModelFormatError(f"{where}: expected a Caffe prototxt (text NetParameter), cannot parse "
@@ -95,6 +102,8 @@ def parse_prototxt(path: str | os.PathLike) -> Any:
         first_unknown = strict_error
     try:
         net = text_format.Parse(text, NetParameter(), allow_unknown_field=True)
+    except RecursionError:
+        raise _too_deep(where) from None
     except text_format.ParseError as exc:
         raise ModelFormatError(f"{where}: expected a Caffe prototxt (text NetParameter), cannot parse "
                                f"it: {exc}") from exc
@@ -102,6 +111,11 @@ def parse_prototxt(path: str | os.PathLike) -> Any:
                   "schema does not know it; a layer that needs it will fail to convert",
                   UnknownFieldWarning, stacklevel=3)
     return net
+
+
+def _too_deep(where: str) -> ModelFormatError:
+    """protobuf's text parser recurses once per nested message (found by fuzzing deep nesting)."""
+    return ModelFormatError(f"{where}: expected a Caffe prototxt, found messages nested too deeply to parse")
 
 
 def _rule_matches(rule: Any, phase: int, level: int, stages: set[str]) -> bool:

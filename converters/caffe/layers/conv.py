@@ -52,6 +52,9 @@ def _conv_common(ctx: LayerContext, transpose: bool) -> None:
     pads = _per_axis(ctx, param, "pad", 0, spatial)
     strides = _per_axis(ctx, param, "stride", 1, spatial)
     dilations = _per_axis(ctx, param, "dilation", 1, spatial)
+    if not all(kernel) or not all(strides) or not all(dilations):
+        raise ctx.invalid(f"expected kernel_size, stride and dilation >= 1, found kernel {list(kernel)}, "
+                          f"stride {list(strides)}, dilation {list(dilations)}")
     group, channels, outputs = int(param.group), shape[1], int(param.num_output)
     if group < 1 or channels % group or outputs % group:
         raise ctx.invalid(f"group {group} must divide the input channels ({channels}) and num_output ({outputs})")

@@ -83,6 +83,8 @@ def pooling(ctx: LayerContext) -> None:
     kernel = _field(param, "kernel_size", 0)
     if not all(kernel):
         raise ctx.invalid("expected kernel_size or kernel_h/kernel_w (or global_pooling)")
+    strides = _field(param, "stride", 1)
+    if not all(strides):
+        raise ctx.invalid(f"expected stride >= 1, found {list(strides)}")
     ceil = param.round_mode == param.CEIL and param.ceil_mode
-    emit_caffe_pool(ctx, ctx.inputs[0], shape, method, kernel, _field(param, "pad", 0),
-                    _field(param, "stride", 1), ceil, top=0)
+    emit_caffe_pool(ctx, ctx.inputs[0], shape, method, kernel, _field(param, "pad", 0), strides, ceil, top=0)
