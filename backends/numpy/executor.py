@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.fallback import ReferenceNode, reference_supports
 from edgeinfer.backends.numpy.registry import KERNELS, KernelContext
 from edgeinfer.errors import BackendError, EdgeInferError, UnsupportedOpError
@@ -300,15 +301,24 @@ class NumpyExecutable(Executable):
 
 
 def _thread_limiter(threads: int | None):
-    """A context-manager factory that caps BLAS threads during a run (no-op if None)."""
-    from contextlib import nullcontext
+    """A context-manager factory for a run's threads (no-op if None): BLAS gets one thread and
+    kernels share their work between ``threads`` workers (``parallel``), which keeps going when
+    a thread is descheduled on a busy machine where BLAS's own threads wait for each other."""
+    from contextlib import ExitStack, nullcontext
 
     if not threads:
         return nullcontext
     from threadpoolctl import ThreadpoolController
 
     controller = ThreadpoolController()
-    return lambda: controller.limit(limits=threads, user_api="blas")
+
+    def limited():
+        stack = ExitStack()
+        stack.enter_context(controller.limit(limits=1, user_api="blas"))
+        stack.enter_context(parallel.use_workers(threads))
+        return stack
+
+    return limited
 
 
 class NumpyBackend(Backend):

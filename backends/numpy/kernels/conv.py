@@ -16,11 +16,12 @@ of 8-bit (and 16-bit) values summed in float64 are exact, so BLAS gives exact in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.nn_common import (
     as_compute,
     compute_dtype,
@@ -33,27 +34,45 @@ from edgeinfer.backends.numpy.kernels.nn_common import (
 )
 from edgeinfer.backends.numpy.registry import kernel
 
+Epilogue = Callable[[np.ndarray, slice], None]
+"""Finishes a block of output channels in place (bias, activation) while it is in cache:
+``epilogue(out[:, channels], channels)``."""
 
 def conv_nd(x: np.ndarray, w: np.ndarray, *, group: int, strides: Sequence[int], dilations: Sequence[int],
-            begin: Sequence[int], end: Sequence[int], out_sizes: Sequence[int]) -> np.ndarray:
-    """Convolution of ``x`` [N, C, *S] with ``w`` [M, C/group, *K] (same dtype), no bias."""
+            begin: Sequence[int], end: Sequence[int], out_sizes: Sequence[int],
+            epilogue: Epilogue | None = None) -> np.ndarray:
+    """Convolution of ``x`` [N, C, *S] with ``w`` [M, C/group, *K] (same dtype), no bias;
+    ``epilogue`` is applied to every block of output channels once it is computed."""
     n, channels = x.shape[:2]
     m, group_channels = w.shape[:2]
     kernel = w.shape[2:]
     length = prod(out_sizes)
     out = np.empty((n, m, *out_sizes), dtype=x.dtype)
     if group_channels == 1 and group == channels and kernel and prod(kernel) > 1:
-        return _depthwise(x, w, strides, dilations, begin, end, out)
+        return _depthwise(x, w, strides, dilations, begin, end, out, epilogue)
     if all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin) and not any(end):
         cols = x.reshape(n, group, group_channels, length)
     else:
         cols = _im2col(pad_spatial(x, begin, end), group, kernel, strides, dilations, out_sizes)
     weights = w.reshape(group, m // group, group_channels * prod(kernel))
-    if n == 1 and group == 1:  # the common inference case: one plain 2-D GEMM
-        np.matmul(weights[0], cols[0, 0], out=out.reshape(m, length))
-    else:
-        np.matmul(weights, cols, out=out.reshape(n, group, m // group, length))
+    if n == 1 and group == 1:  # the common inference case: one plain 2-D GEMM, split by rows
+        _gemm_rows(weights[0], cols[0, 0], out, epilogue)
+        return out
+    np.matmul(weights, cols, out=out.reshape(n, group, m // group, length))
+    if epilogue is not None:
+        epilogue(out, slice(None))
     return out
+
+
+def _gemm_rows(weights: np.ndarray, cols: np.ndarray, out: np.ndarray, epilogue: Epilogue | None) -> None:
+    """``out[0] = weights @ cols`` (``out`` is [1, M, *S]) as one GEMM, then ``epilogue`` on
+    blocks of output channels shared between the run's workers."""
+    m = weights.shape[0]
+    np.matmul(weights, cols, out=out.reshape(m, -1))
+    if epilogue is None:
+        return
+    blocks = parallel.split(m, parallel.chunks_for(out.size), align=8)
+    parallel.parallel_for(len(blocks), lambda index: epilogue(out[:, slice(*blocks[index])], slice(*blocks[index])))
 
 
 def _im2col(xp: np.ndarray, group: int, kernel: Sequence[int], strides: Sequence[int],
@@ -73,14 +92,17 @@ def _im2col(xp: np.ndarray, group: int, kernel: Sequence[int], strides: Sequence
 _BLOCK_BYTES = 128 * 1024
 
 
-def _depthwise(x: np.ndarray, w: np.ndarray, strides, dilations, begin, end, out: np.ndarray) -> np.ndarray:
+def _depthwise(x: np.ndarray, w: np.ndarray, strides, dilations, begin, end, out: np.ndarray,
+               epilogue: Epilogue | None = None) -> np.ndarray:
     """Grouped conv with one input channel per group: accumulate shifted views, one per tap.
 
     With unit strides every tap reads a *contiguous* run of the flattened padded input (the
     output is computed over the padded width and cropped once), which numpy streams much
-    faster than a 2-D strided view; other strides use strided views.
+    faster than a 2-D strided view; other strides use strided views. Channel blocks of about
+    ``_BLOCK_BYTES`` (so that a block's input, accumulator and scratch stay in cache across
+    all taps and the epilogue) are shared between the run's workers.
     """
-    channels, m = x.shape[1], w.shape[0]
+    n, channels, m = x.shape[0], x.shape[1], w.shape[0]
     flat = all(s == 1 for s in strides)
     if flat:  # one spare leading-axis row keeps the last tap's run inside the buffer
         end = [end[0] + 1, *end[1:]]
@@ -91,37 +113,39 @@ def _depthwise(x: np.ndarray, w: np.ndarray, strides, dilations, begin, end, out
     out_sizes = out.shape[2:]
     if flat:
         padded = xp.shape[2:]
-        row = prod(padded[1:])
-        length = out_sizes[0] * row
-        source = xp.reshape(xp.shape[0], m, -1)
+        length = out_sizes[0] * prod(padded[1:])
+        source = xp.reshape(n, m, -1)
         flat_strides = [prod(padded[axis + 1:]) for axis in range(len(padded))]
-        acc = np.empty((x.shape[0], m, length), dtype=out.dtype)
         starts = [sum(o * st for o, st in zip(offsets, flat_strides, strict=True))
                   for _, offsets in kernel_taps(w.shape[2:], dilations)]
         taps = [source[:, :, start:start + length] for start in starts]
-        trailing = (1,)
+        block_shape, trailing = (length,), (1,)
+        crop = (Ellipsis, *(slice(0, size) for size in out_sizes[1:]))
     else:
-        acc = out
         taps = [xp[tap_slices(offsets, strides, out_sizes)] for _, offsets in kernel_taps(w.shape[2:], dilations)]
-        trailing = (1,) * (x.ndim - 2)
-    # Work through channel blocks of about _BLOCK_BYTES so that a block's input, accumulator and
-    # scratch stay in cache across all taps instead of streaming the whole tensor per tap.
-    per_channel = acc[:, :1].nbytes
+        block_shape, trailing = tuple(out_sizes), (1,) * (x.ndim - 2)
+    per_channel = n * prod(block_shape) * out.itemsize
     block = max(1, _BLOCK_BYTES // max(per_channel, 1))
-    scratch = np.empty_like(acc[:, :block])
-    for start in range(0, m, block):
-        stop = min(start + block, m)
-        target, spare = acc[:, start:stop], scratch[:, :stop - start]
+    ranges = [(start, min(start + block, m)) for start in range(0, m, block)]
+
+    def run_block(index: int) -> None:
+        start, stop = ranges[index]
+        target = out[:, start:stop]
+        acc = np.empty((n, stop - start, *block_shape), dtype=out.dtype) if flat else target
+        spare = np.empty_like(acc)
         for tap, view in enumerate(taps):
             column = weights[start:stop, tap].reshape((stop - start, *trailing))
             if tap == 0:
-                np.multiply(view[:, start:stop], column, out=target)
+                np.multiply(view[:, start:stop], column, out=acc)
             else:
                 np.multiply(view[:, start:stop], column, out=spare)
-                target += spare
-    if flat:
-        full = acc.reshape(x.shape[0], m, out_sizes[0], *padded[1:])
-        out[...] = full[(Ellipsis, *(slice(0, size) for size in out_sizes[1:]))]
+                acc += spare
+        if flat:
+            target[...] = acc.reshape(n, stop - start, out_sizes[0], *padded[1:])[crop]
+        if epilogue is not None:
+            epilogue(target, slice(start, stop))
+
+    parallel.parallel_for(len(ranges), run_block)
     return out
 
 
@@ -143,16 +167,33 @@ def conv_geometry(x: np.ndarray, w: np.ndarray, op: str, auto_pad: str, dilation
     return strides, dilations, out, begin, end
 
 
-@kernel("Conv", since=1)
-def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-         strides=None):
+def convolve(x, w, b=None, *, activation: Callable[[np.ndarray], None] | None = None, auto_pad="NOTSET",
+             dilations=None, group=1, kernel_shape=None, pads=None, strides=None) -> np.ndarray:
+    """Conv with its bias and an optional in-place ``activation`` applied block by block
+    (``activation`` only for float32/float64 inputs, whose result needs no rounding)."""
     strides, dilations, out_sizes, begin, end = conv_geometry(x, w, "Conv", auto_pad, dilations, group,
                                                               kernel_shape, pads, strides)
     dtype = compute_dtype(x.dtype)
+    if b is not None and b.shape != (w.shape[0],):
+        raise ValueError(f"Conv: expected B of shape [{w.shape[0]}], found {list(b.shape)}")
+    if activation is not None and dtype != x.dtype:
+        raise ValueError(f"Conv: an in-place activation needs float32/float64 input, found {x.dtype}")
+    bias = None if b is None else as_compute(b, dtype).reshape((-1,) + (1,) * (x.ndim - 2))
+
+    def finish(block: np.ndarray, channels: slice) -> None:
+        if bias is not None:
+            block += bias[channels]
+        if activation is not None:
+            activation(block)
+
     y = conv_nd(as_compute(x, dtype), as_compute(w, dtype), group=group, strides=strides,
-                dilations=dilations, begin=begin, end=end, out_sizes=out_sizes)
-    if b is not None:
-        if b.shape != (w.shape[0],):
-            raise ValueError(f"Conv: expected B of shape [{w.shape[0]}], found {list(b.shape)}")
-        y += as_compute(b, dtype).reshape((-1,) + (1,) * (x.ndim - 2))
+                dilations=dilations, begin=begin, end=end, out_sizes=out_sizes,
+                epilogue=finish if bias is not None or activation is not None else None)
     return y.astype(x.dtype, copy=False)
+
+
+@kernel("Conv", since=1)
+def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+         strides=None):
+    return convolve(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group, kernel_shape=kernel_shape,
+                    pads=pads, strides=strides)

@@ -84,8 +84,8 @@ for _op, _since, _ufunc in [
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 _ERF_TAYLOR_TERMS = 13  # |x| < 0.5: the 13th term is below 1e-17
-_ERFC_CHEBYSHEV = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
-                   -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+ERFC_CHEBYSHEV = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+                  -1.13520398, 1.48851587, -0.82215223, 0.17087277)
 
 
 def erfc_abs(z: np.ndarray) -> np.ndarray:
@@ -93,9 +93,9 @@ def erfc_abs(z: np.ndarray) -> np.ndarray:
     z = np.abs(z)
     t = 1.0 / (1.0 + 0.5 * z)
     poly = np.zeros_like(t)
-    for coefficient in reversed(_ERFC_CHEBYSHEV[1:]):
+    for coefficient in reversed(ERFC_CHEBYSHEV[1:]):
         poly = t * (coefficient + poly)
-    return t * np.exp(-z * z + _ERFC_CHEBYSHEV[0] + poly)
+    return t * np.exp(-z * z + ERFC_CHEBYSHEV[0] + poly)
 
 
 def erf64(x: np.ndarray) -> np.ndarray:

@@ -7,10 +7,34 @@ are multiplied in float32 (numpy has no fp16 BLAS) and the result is cast back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.nn_common import as_compute, compute_dtype
 from edgeinfer.backends.numpy.registry import kernel
+
+
+def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
+                activation: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
+    """``activation(a @ b + bias)`` for ``a`` [..., M, K] and a 2-D ``b`` [K, N] of the same
+    float dtype: one GEMM over all of ``a``'s rows (no copy of ``a`` when its rows are
+    contiguous), then the bias and activation in place on row blocks shared between the
+    run's workers."""
+    rows = a.reshape(-1, a.shape[-1])
+    out = np.matmul(rows, b)
+    if bias is not None or activation is not None:
+        def finish(index: int) -> None:
+            target = out[slice(*blocks[index])]
+            if bias is not None:
+                np.add(target, bias, out=target, casting="same_kind")
+            if activation is not None:
+                activation(target)
+
+        blocks = parallel.split(out.shape[0], parallel.chunks_for(out.size))
+        parallel.parallel_for(len(blocks), finish)
+    return out.reshape(*a.shape[:-1], b.shape[1])
 
 
 def _matmul_dtype(dtype: np.dtype) -> np.dtype:
@@ -55,6 +79,8 @@ def matmul(a, b):
     if a.shape[-1] != b.shape[-2 if b.ndim > 1 else 0]:
         raise ValueError(f"MatMul: inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
     dtype = _matmul_dtype(a.dtype)
+    if a.ndim >= 2 and b.ndim == 2 and a.dtype == b.dtype == dtype and dtype.kind == "f":
+        return matmul_rows(a, b)
     return np.matmul(as_compute(a, dtype), as_compute(b, dtype)).astype(a.dtype, copy=False)
 
 
