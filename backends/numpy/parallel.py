@@ -51,10 +51,18 @@ def _helpers() -> ThreadPoolExecutor:
         return _pool
 
 
-def parallel_for(count: int, body: Callable[[int], None]) -> None:
+# Work below this many elements runs on the calling thread alone: a helper takes about as
+# long to wake up as numpy takes to stream it.
+_MIN_PARALLEL_WORK = 1 << 18
+
+
+def parallel_for(count: int, body: Callable[[int], None], *, work: int | None = None) -> None:
     """``body(i)`` for every ``i`` in ``range(count)``, shared with up to ``workers() - 1``
-    helper threads. Returns when every chunk is done; re-raises the first chunk's error."""
+    helper threads when ``work`` (elements touched, if given) is worth it. Returns when
+    every chunk is done; re-raises the first chunk's error."""
     helpers = min(workers(), count) - 1
+    if work is not None and work < _MIN_PARALLEL_WORK:
+        helpers = 0
     if helpers <= 0:
         for index in range(count):
             body(index)
@@ -89,18 +97,11 @@ def parallel_for(count: int, body: Callable[[int], None]) -> None:
         raise errors[0]
 
 
-# Elementwise work below this many elements runs in one piece: a helper takes about as long
-# to wake up as numpy takes to stream it.
-_MIN_CHUNK_ELEMENTS = 1 << 15
-
-
-def chunks_for(elements: int) -> int:
-    """How many chunks to cut ``elements`` of elementwise work into in the current run: two
-    per worker (so a late helper still finds work), none smaller than ``_MIN_CHUNK_ELEMENTS``."""
-    workers_now = workers()
-    if workers_now <= 1:
-        return 1
-    return max(1, min(2 * workers_now, elements // _MIN_CHUNK_ELEMENTS))
+def chunks_for(elements: int, chunk_elements: int) -> int:
+    """How many chunks of about ``chunk_elements`` to cut ``elements`` of elementwise work
+    into: small enough that a chunk's operands and scratch stay in cache through all its
+    passes (a cheap per-chunk step wants bigger chunks than a thirty-pass one), at least one."""
+    return max(1, -(-elements // chunk_elements))
 
 
 def split(total: int, parts: int, *, align: int = 1) -> list[tuple[int, int]]:

@@ -15,6 +15,11 @@ from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.nn_common import as_compute, compute_dtype
 from edgeinfer.backends.numpy.registry import kernel
 
+# Elements per block of a GEMM's epilogue: an activation (GELU is ~30 passes) wants its
+# scratch in cache, a bias alone is one pass.
+_ACTIVATION_CHUNK = 1 << 15
+_BIAS_CHUNK = 1 << 18
+
 
 def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
                 activation: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
@@ -32,8 +37,9 @@ def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
             if activation is not None:
                 activation(target)
 
-        blocks = parallel.split(out.shape[0], parallel.chunks_for(out.size))
-        parallel.parallel_for(len(blocks), finish)
+        chunk = _ACTIVATION_CHUNK if activation is not None else _BIAS_CHUNK
+        blocks = parallel.split(out.shape[0], parallel.chunks_for(out.size, chunk))
+        parallel.parallel_for(len(blocks), finish, work=out.size * (8 if activation is not None else 1))
     return out.reshape(*a.shape[:-1], b.shape[1])
 
 
