@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 from edgeinfer.errors import ModelFormatError
+from edgeinfer.limits import MAX_TEXT_BYTES
 
 TORCHSCRIPT = "torchscript"
 EXPORTED_PROGRAM = "exported_program"
@@ -44,6 +45,14 @@ def classify(path: str | os.PathLike) -> str:
         raise ModelFormatError(f"{path}: expected a PyTorch model file, found no such file")
     if path.stat().st_size == 0:
         raise ModelFormatError(f"{path}: expected a PyTorch model file, found an empty file")
+    try:
+        return _classify_file(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, UnicodeDecodeError, EOFError,
+            ValueError, OSError) as exc:  # zipfile's ways of refusing a damaged archive (found by fuzzing)
+        raise ModelFormatError(f"{path}: corrupt zip archive ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _classify_file(path: Path) -> str:
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as handle:
             head = handle.read(2)
@@ -52,19 +61,16 @@ def classify(path: str | os.PathLike) -> str:
                                    f"and is never loaded; {HOW_TO_SAVE}")
         raise ModelFormatError(f"{path}: expected a TorchScript or ExportedProgram zip archive, found neither "
                                "a zip file nor a pickle")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = _relative_names(archive.namelist())
-            if "archive_version" in names and any(n.startswith("models/") and n.endswith(".json") for n in names):
-                check_exported_program_archive(archive, path)
-                return EXPORTED_PROGRAM
-            if "constants.pkl" in names and "data.pkl" in names and any(n.startswith("code/") for n in names):
-                return TORCHSCRIPT
-            if "data.pkl" in names:
-                raise ModelFormatError(f"{path}: {_describe_pickle(archive, names)}, which edgeinfer never "
-                                       f"unpickles (that can run arbitrary code); {HOW_TO_SAVE}")
-    except zipfile.BadZipFile as exc:
-        raise ModelFormatError(f"{path}: corrupt zip archive ({exc})") from exc
+    with zipfile.ZipFile(path) as archive:
+        names = _relative_names(archive.namelist())
+        if "archive_version" in names and any(n.startswith("models/") and n.endswith(".json") for n in names):
+            check_exported_program_archive(archive, path)
+            return EXPORTED_PROGRAM
+        if "constants.pkl" in names and "data.pkl" in names and any(n.startswith("code/") for n in names):
+            return TORCHSCRIPT
+        if "data.pkl" in names:
+            raise ModelFormatError(f"{path}: {_describe_pickle(archive, names)}, which edgeinfer never "
+                                   f"unpickles (that can run arbitrary code); {HOW_TO_SAVE}")
     raise ModelFormatError(f"{path}: a zip archive that is neither TorchScript (code/, constants.pkl) nor an "
                            "ExportedProgram (archive_version, models/*.json)")
 
@@ -83,6 +89,8 @@ def _describe_pickle(archive: zipfile.ZipFile, names: dict[str, str]) -> str:
     classes = []
     try:
         strings: list[str] = []
+        if archive.getinfo(names["data.pkl"]).file_size > MAX_TEXT_BYTES:
+            return "a pickle written by torch.save"
         for opcode, arg, _ in pickletools.genops(io.BytesIO(archive.read(names["data.pkl"]))):
             if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
                 strings.append(arg)
@@ -124,6 +132,8 @@ def check_exported_program_archive(archive: zipfile.ZipFile, path: Path) -> None
                             pt2.CONSTANTS_CONFIG_FILENAME_FORMAT.format(model)):
             if config_name not in names:
                 raise ModelFormatError(f"{path}: ExportedProgram archive lacks {config_name}")
+            if archive.getinfo(names[config_name]).file_size > MAX_TEXT_BYTES:
+                raise ModelFormatError(f"{path}: {config_name} inflates to more than {MAX_TEXT_BYTES} bytes")
             for fqn, payload in _payloads(archive.read(names[config_name]), path, config_name):
                 if payload.get("use_pickle"):
                     raise refuse(f"a pickled tensor ({fqn})")
