@@ -19,12 +19,15 @@ TensorFlow is imported only inside ``convert``; ``accepts`` looks at type names 
 
 from __future__ import annotations
 
+import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import ConversionError, ModelFormatError
 from edgeinfer.ir import Graph
+from edgeinfer.limits import MAX_TEXT_BYTES
 
 KERAS_SUFFIXES = (".keras",)
 SAVED_MODEL_FILE = "saved_model.pb"
@@ -93,6 +96,7 @@ def load_keras_file(path: Path):
         raise ModelFormatError(f"{path}: expected a .keras file, found no such file")
     import keras
 
+    check_keras_config(path)
     try:
         return keras.saving.load_model(os.fspath(path), safe_mode=True, compile=False)
     except ValueError as exc:
@@ -110,6 +114,53 @@ def load_keras_file(path: Path):
     except Exception as exc:  # zipfile.BadZipFile and Keras' own errors on damaged archives
         raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
+
+
+def check_keras_config(path: Path) -> None:
+    """Refuse a ``.keras`` archive whose config names code outside Keras, before Keras reads it.
+
+    Keras resolves every ``{"module": ..., "class_name": ...}`` object of ``config.json`` by
+    importing the module; ``safe_mode`` stops lambdas, and recent Keras releases also restrict
+    modules, but this check does not depend on the Keras version: an object must come from
+    ``keras`` itself or be a custom object registered in this process, and no ``__lambda__``
+    may appear anywhere.
+    """
+    import keras
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = archive.getinfo("config.json")
+            if info.file_size > MAX_TEXT_BYTES:
+                raise ModelFormatError(f"{path}: config.json inflates to {info.file_size} bytes, expected at most "
+                                       f"{MAX_TEXT_BYTES}")
+            config = json.loads(archive.read(info))
+    except ModelFormatError:
+        raise
+    except (zipfile.BadZipFile, KeyError, ValueError, RecursionError, OSError, EOFError, NotImplementedError) as exc:
+        raise ModelFormatError(f"{path}: expected a .keras archive with a JSON config.json, cannot read it "
+                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
+    stack = [config]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        stack.extend(item.values())
+        if item.get("class_name") == "__lambda__":
+            raise ModelFormatError(f"{path}: refused to load: the model contains a Lambda layer (Python bytecode "
+                                   "that Keras runs only with safe_mode=False); replace it with a registered custom layer, or load "
+                                   "the model yourself if you trust the file and pass the keras.Model object")
+        module = item.get("module")
+        if module is None or (isinstance(module, str) and (module == "keras" or module.startswith("keras."))):
+            continue
+        registered = item.get("registered_name")
+        if isinstance(registered, str) and keras.saving.get_registered_object(registered) is not None:
+            continue
+        raise ModelFormatError(f"{path}: refused to load: config.json names {item.get('class_name')!r} from module "
+                               f"{module!r}; expected objects from keras or custom objects registered in this "
+                               "process (loading would import and call that module's code)")
 
 
 def unroll_recurrent_layers(model):

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -48,17 +47,3 @@ class Seeds:
 @pytest.fixture(scope="session")
 def seeds(tmp_path_factory) -> Seeds:
     return Seeds(tmp_path_factory.mktemp("seeds"))
-
-
-def cli_fails(args: list, message: str | None = None) -> str:
-    """Run the CLI in-process; assert one line on stderr starting with 'error:', exit status 2."""
-    from edgeinfer.cli import main
-
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    lines = result.output.strip().splitlines()
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert "Traceback" not in result.output
-    if message is not None:
-        assert message in lines[0], lines[0]
-    return lines[0]
