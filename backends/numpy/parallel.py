@@ -16,6 +16,7 @@ keep their own, and helpers never split their chunks again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -40,6 +41,38 @@ def use_workers(count: int) -> Iterator[None]:
         yield
     finally:
         _state.workers = previous
+
+
+# GEMMs from this many multiply-adds on get the run's threads in BLAS (numpy's matmul does
+# not run in parallel from several Python threads); smaller ones stay on one BLAS thread,
+# where a BLAS helper's wake-up (or, on a loaded machine, its lost time slice) costs more
+# than the split saves.
+BLAS_SPLIT_MACS = 1 << 25
+
+
+@functools.cache
+def _blas_libraries() -> tuple:
+    from threadpoolctl import ThreadpoolController
+
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+@contextlib.contextmanager
+def blas_for(macs: int) -> Iterator[None]:
+    """Inside a run with several workers, give BLAS the run's threads for a GEMM of ``macs``
+    multiply-adds worth it (the run itself keeps BLAS at one thread)."""
+    count = workers()
+    if count <= 1 or macs < BLAS_SPLIT_MACS:
+        yield
+        return
+    libraries = _blas_libraries()
+    for library in libraries:
+        library.set_num_threads(count)
+    try:
+        yield
+    finally:
+        for library in libraries:
+            library.set_num_threads(1)
 
 
 def _helpers() -> ThreadPoolExecutor:

@@ -56,7 +56,8 @@ def conv_nd(x: np.ndarray, w: np.ndarray, *, group: int, strides: Sequence[int],
     if n == 1 and group == 1:  # the common inference case: one plain 2-D GEMM, split by rows
         _gemm_rows(weights[0], cols[0, 0], out, epilogue)
         return out
-    np.matmul(weights, cols, out=out.reshape(n, group, m // group, length))
+    with parallel.blas_for(n * m * weights.shape[2] * length):
+        np.matmul(weights, cols, out=out.reshape(n, group, m // group, length))
     if epilogue is not None:
         epilogue(out, slice(None))
     return out
@@ -66,7 +67,8 @@ def _gemm_rows(weights: np.ndarray, cols: np.ndarray, out: np.ndarray, epilogue:
     """``out[0] = weights @ cols`` (``out`` is [1, M, *S]) as one GEMM, then ``epilogue`` on
     blocks of output channels shared between the run's workers."""
     m = weights.shape[0]
-    np.matmul(weights, cols, out=out.reshape(m, -1))
+    with parallel.blas_for(m * weights.shape[1] * cols.shape[1]):
+        np.matmul(weights, cols, out=out.reshape(m, -1))
     if epilogue is None:
         return
     blocks = parallel.split(m, parallel.chunks_for(out.size, _EPILOGUE_CHUNK), align=8)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.nn_common import (
     AUTO_PADS,
     as_compute,
@@ -76,7 +77,8 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     m = group_out * group
     xc = as_compute(x, dtype).reshape(n, group, channels // group, prod(spatial))
     wt = as_compute(w, dtype).reshape(group, channels // group, group_out * prod(kernel_)).transpose(0, 2, 1)
-    cols = np.matmul(wt, xc).reshape(n, m, prod(kernel_), *spatial)
+    with parallel.blas_for(n * wt.shape[0] * wt.shape[1] * wt.shape[2] * xc.shape[-1]):
+        cols = np.matmul(wt, xc).reshape(n, m, prod(kernel_), *spatial)
     canvas = np.zeros((n, m, *full), dtype=dtype)
     for tap, (_, offsets) in enumerate(kernel_taps(kernel_, dilations)):
         canvas[tap_slices(offsets, strides, spatial)] += cols[:, :, tap]

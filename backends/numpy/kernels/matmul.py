@@ -28,7 +28,8 @@ def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
     contiguous), then the bias and activation in place on row blocks shared between the
     run's workers."""
     rows = a.reshape(-1, a.shape[-1])
-    out = np.matmul(rows, b)
+    with parallel.blas_for(rows.shape[0] * b.shape[0] * b.shape[1]):
+        out = np.matmul(rows, b)
     if bias is not None or activation is not None:
         def finish(index: int) -> None:
             target = out[slice(*blocks[index])]
@@ -65,7 +66,8 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0):
             raise ValueError(f"Gemm: C of shape {list(c.shape)} does not broadcast to the output shape "
                              f"{[lhs.shape[0], rhs.shape[1]]}") from None
     dtype = _matmul_dtype(a.dtype)
-    y = np.matmul(as_compute(lhs, dtype), as_compute(rhs, dtype))
+    with parallel.blas_for(lhs.shape[0] * lhs.shape[1] * rhs.shape[1]):
+        y = np.matmul(as_compute(lhs, dtype), as_compute(rhs, dtype))
     if dtype.kind != "f":  # integer Gemm: float alpha/beta, cast back once
         y = alpha * y + (beta * c if c is not None else 0)
         return np.asarray(y).astype(a.dtype)
@@ -87,7 +89,9 @@ def matmul(a, b):
     dtype = _matmul_dtype(a.dtype)
     if a.ndim >= 2 and b.ndim == 2 and a.dtype == b.dtype == dtype and dtype.kind == "f":
         return matmul_rows(a, b)
-    return np.matmul(as_compute(a, dtype), as_compute(b, dtype)).astype(a.dtype, copy=False)
+    macs = max(a.size * b.shape[-1], b.size * a.shape[-2]) if a.ndim > 1 and b.ndim > 1 else a.size
+    with parallel.blas_for(macs):
+        return np.matmul(as_compute(a, dtype), as_compute(b, dtype)).astype(a.dtype, copy=False)
 
 
 @kernel("Einsum", since=12)
