@@ -31,7 +31,7 @@ import numpy as np
 
 from edgeinfer.errors import BackendError, RequestTimeoutError, SchedulerError
 from edgeinfer.scheduler import compile_parts, make_plan
-from edgeinfer.scheduler.executors import SequentialExecutor
+from edgeinfer.scheduler.executors import CompiledPart, SequentialExecutor
 from edgeinfer.scheduler.planner import (
     HANDOFF_SECONDS,
     best_time,
@@ -52,13 +52,26 @@ _POLL = 0.05  # seconds between checks of the stop flag while a worker waits on 
 @dataclass
 class Stage:
     nodes: range  # positions in the graph's topological order
-    runner: SequentialExecutor
+    runners: list[SequentialExecutor]  # one compiled copy per replica: workers share no engine state
     keep: frozenset[str]  # values handed on: read by later stages or graph outputs
 
-    def run(self, message: dict[str, Any]) -> dict[str, Any]:
-        results = self.runner.run({name: message[name] for name in self.runner.graph.input_names})
+    @property
+    def runner(self) -> SequentialExecutor:
+        return self.runners[0]
+
+    def run(self, message: dict[str, Any], replica: int = 0) -> dict[str, Any]:
+        runner = self.runners[replica]
+        results = runner.run({name: message[name] for name in runner.graph.input_names})
         merged = {**message, **results}
         return {name: merged[name] for name in self.keep if name in merged}
+
+    def replicate(self, count: int) -> None:
+        """Compile copies until there is one per replica (an engine session per worker thread
+        avoids contention inside a shared one, e.g. onnxruntime's memory arena)."""
+        first = self.runner
+        while len(self.runners) < count:
+            parts = [CompiledPart(p.part, p.backend, p.options) for p in first.parts]
+            self.runners.append(SequentialExecutor(first.graph, parts))
 
 
 @dataclass
@@ -121,7 +134,7 @@ def _build_stages(session: Session, ranges: Sequence[tuple[int, int]], threads: 
         pinned = {i: placed[start + i] for i in range(end - start)}
         plan = make_plan(sub, session.backends, pinned=pinned)
         parts = compile_parts(plan, session.backends, threads=threads, busy_wait=False)
-        stages.append(Stage(range(start, end), SequentialExecutor(sub, parts), frozenset(keep)))
+        stages.append(Stage(range(start, end), [SequentialExecutor(sub, parts)], frozenset(keep)))
     return stages
 
 
@@ -193,6 +206,9 @@ def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, sta
     best = max(range(len(built)), key=lambda i: candidates[i]["predicted"])
     if measure and len(built) > 1:
         trials = [StagePlan(s, r, t, 1, graph.output_names) for s, t, r in built]
+        for trial in trials:
+            for stage, count in zip(trial.stages, trial.replicas):
+                stage.replicate(count)
         for round_ in range(2):  # alternating rounds, so machine noise hits every candidate alike
             order = range(len(trials)) if round_ == 0 else reversed(range(len(trials)))
             for i in order:
@@ -203,6 +219,8 @@ def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, sta
     per_worker = max(1, workers // sum(reps))
     if per_worker > 1:  # spare cores: give each worker several intra-op threads
         stage_list = _build_stages(session, [(s.nodes.start, s.nodes.stop) for s in stage_list], per_worker)
+    for stage, count in zip(stage_list, reps):
+        stage.replicate(count)
     return StagePlan(stage_list, reps, seconds, per_worker, graph.output_names, candidates)
 
 
@@ -238,7 +256,7 @@ class Pipeline:
     def _start(self) -> None:
         for number, (stage, replicas) in enumerate(zip(self.plan.stages, self.plan.replicas)):
             for replica in range(replicas):
-                thread = threading.Thread(target=self._work, args=(stage, number),
+                thread = threading.Thread(target=self._work, args=(stage, number, replica),
                                           name=f"edgeinfer-stage{number}-{replica}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
@@ -252,7 +270,7 @@ class Pipeline:
                 continue
         return False
 
-    def _work(self, stage: Stage, number: int) -> None:
+    def _work(self, stage: Stage, number: int, replica: int) -> None:
         source, target = self._queues[number], self._queues[number + 1]
         while not self._stop.is_set():
             try:
@@ -261,7 +279,7 @@ class Pipeline:
                 continue
             if error is None:
                 try:
-                    message = stage.run(message)
+                    message = stage.run(message, replica)
                 except BaseException as exc:  # noqa: BLE001 - delivered to the caller in order
                     message, error = None, exc
             if not self._put(target, (sequence, message, error)):
