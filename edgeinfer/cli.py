@@ -401,7 +401,7 @@ def export(model_path: Path, output: Path, weights: Path | None) -> None:
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes)")
 
 
-BENCH_EXECUTORS = ("local", "sequential", "dag", "ray")
+BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
 
 
 @main.command()
@@ -413,6 +413,7 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "ray")
 @click.option("--fallback", is_flag=True, help="Run on the CPU if --device is missing (with a warning).")
 @click.option("--executor", type=click.Choice(BENCH_EXECUTORS), default="local", show_default=True,
               help="local: sequential sessions, --stream on local threads; dag: branches at once; "
+                   "auto: sequential or dag, whichever measures faster; "
                    "ray: --stream also on Ray actors, beside the local pipeline.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="Feed from a .npy file (default: random feeds of the declared shapes).")
@@ -467,7 +468,8 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     quiet = quiet or to_stdout
     model = _load_model(model_path, weights)
     feeds = _load_feeds(model, inputs, True, batch)
-    options = {"device": device, "fallback": fallback, "executor": "dag" if executor == "dag" else "sequential"}
+    options = {"device": device, "fallback": fallback,
+               "executor": executor if executor in ("dag", "auto") else "sequential"}
     peer_names = list(PEERS) if peers else []
     skipped: dict[str, str] = {}
     total = measure.steps(contenders, peer_names, runs, top > 0, memory) + (2 if stream_requests else 0)

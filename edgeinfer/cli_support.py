@@ -77,8 +77,8 @@ def session_options(fn):
         click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
                      help="Where accelerated backends run."),
         click.option("--fallback", is_flag=True, help="Run on the CPU if --device is missing (with a warning)."),
-        click.option("--executor", type=click.Choice(["sequential", "dag"]), default="sequential",
-                     show_default=True, help="dag runs independent branches at the same time."),
+        click.option("--executor", type=click.Choice(["sequential", "dag", "auto"]), default="sequential",
+                     show_default=True, help="dag runs independent branches at the same time; auto times both and keeps the faster."),
     ]):
         fn = option(fn)
     return fn

@@ -34,7 +34,8 @@ class Session:
     A ``Backend`` object may stand in a list for a name (an engine of your own).
     ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
     ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
-    ``executor``: ``"sequential"``, ``"dag"`` (independent branches at once) or ``"ray"`` (each
+    ``executor``: ``"sequential"``, ``"dag"`` (independent branches at once), ``"auto"`` (time
+    both here, keep the faster: cutting at forks helps some engines and costs others) or ``"ray"`` (each
     pipeline stage a Ray actor; ``address=None`` starts a local Ray instance, or give
     ``"ray://host:port"`` / ``"auto"``; ``stage_resources`` is one dict of Ray actor resources
     (``num_cpus``, ``num_gpus``, ``resources={"npu": 1}``) for every stage or a list of them;
@@ -75,8 +76,9 @@ class Session:
             options[backend] = {**options.get(backend, {}), **engine_options}
         self.backend_options = options
         self.fallback = fallback
-        if executor not in (*scheduler.EXECUTORS, "ray"):
-            raise BackendError(f"executor {executor!r}: expected one of {', '.join(scheduler.EXECUTORS)}, ray")
+        self.executor_ms: dict[str, float] = {}
+        if executor not in (*scheduler.EXECUTORS, "auto", "ray"):
+            raise BackendError(f"executor {executor!r}: expected one of {', '.join(scheduler.EXECUTORS)}, auto, ray")
         from edgeinfer.scheduler.pipeline import check_choice
 
         check_choice(stages, replicas)
@@ -104,13 +106,19 @@ class Session:
         if prepared is not None and executor == "sequential" and not self.debug:
             self.backends, self.plan, self._runner = prepared  # compiled while measuring
             self.auto_choice.prepared = None
+        elif executor == "auto":
+            from edgeinfer.scheduler.auto import choose_executor
+
+            self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
+            executor, self.plan, self._runner, self.executor_ms = choose_executor(
+                model, self.backends, threads=threads, debug=self.debug)
         else:
             self.backends = scheduler.make_backends(names, device=device, fallback=fallback, options=options)
             self.plan = scheduler.make_plan(model.graph, self.backends, branches=executor == "dag")
             local = "sequential" if executor == "ray" else executor  # Ray: local runner only plans
             self._runner = scheduler.build_executor(self.plan, self.backends, threads=threads, executor=local,
                                                     debug=self.debug)
-        self.executor = executor
+        self.executor = executor  # with executor="auto": the one measured faster (executor_ms)
         self._inputs = model.inputs
         self._expected = {t.name: t for t in self._inputs}
         self._np_dtypes = {t.name: _feed_dtype(t.dtype) for t in self._inputs}

@@ -192,3 +192,36 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
     log.info("backend='auto' timings (median ms): %s -> %s", medians, winner)
     return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped,
                       prepared=(*built[winner], runners[winner]))
+
+
+def choose_executor(model: Model, backends: list, *, threads: int | None, debug: bool = False,
+                    rounds: int = 10) -> tuple[str, Any, Any, dict[str, float]]:
+    """``executor="auto"``: build the sequential and the DAG-parallel runner, time them
+    interleaved on the model's shapes, keep the faster. Cutting a graph at its forks pays where
+    the engine leaves cores idle inside one branch (numpy), and can cost where it does not
+    (onnxruntime re-lays tensors out at every cut), so it is measured, not assumed.
+    Returns (executor name, plan, runner, median ms of each)."""
+    from edgeinfer.scheduler import build_executor, make_plan
+
+    built = {}
+    for name in ("sequential", "dag"):
+        plan = make_plan(model.graph, backends, branches=name == "dag")
+        built[name] = (plan, build_executor(plan, backends, threads=threads, executor=name, debug=debug))
+    if len(built["dag"][0].parts) == len(built["sequential"][0].parts):  # nothing runs side by side
+        built.pop("dag")[1].close()
+        return "sequential", *built["sequential"], {}
+    try:
+        feeds = model.random_feeds()
+    except InputError as exc:
+        log.warning("executor='auto' cannot time the executors (%s); using sequential", exc)
+        built.pop("dag")[1].close()
+        return "sequential", *built["sequential"], {}
+    times = time_interleaved({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
+                             rounds=rounds, warmup=2)
+    medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    winner = min(medians, key=medians.get)
+    for name, (_, runner) in built.items():
+        if name != winner:
+            runner.close()
+    log.info("executor='auto' timings (median ms): %s -> %s", medians, winner)
+    return winner, *built[winner], medians

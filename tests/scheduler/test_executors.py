@@ -147,3 +147,17 @@ def test_bad_feeds_raise_before_anything_is_scheduled():
 def test_unknown_executor_is_a_clear_error():
     with pytest.raises(BackendError, match="executor 'threads': expected one of sequential, dag"):
         ei.Session(ei.convert(zoo.mlp_symbolic_batch()), executor="threads")
+
+
+def test_executor_auto_keeps_the_faster_of_sequential_and_dag(inception):
+    proto, model = inception
+    feeds = zoo.example_inputs(proto, seed=4)
+    reference = ei.Session(model, backend="numpy").run(feeds)
+    with ei.Session(model, backend="onnxruntime", threads=2, executor="auto") as session:
+        assert set(session.executor_ms) == {"sequential", "dag"}
+        assert session.executor == min(session.executor_ms, key=session.executor_ms.get)
+        assert (len(session.plan.parts) > 1) == (session.executor == "dag")
+        assert_close(session.run(feeds)["logits"], reference["logits"], rtol=RTOL, atol=ATOL)
+    with ei.Session(ei.convert(zoo.mlp_symbolic_batch()), executor="auto") as chain:
+        assert chain.executor == "sequential" and chain.executor_ms == {}  # a chain has no branches
+    assert not edgeinfer_threads()
