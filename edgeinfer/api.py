@@ -30,8 +30,53 @@ def _frontend(name: str):
     return importlib.import_module(FRONTENDS[name])
 
 
+EIM_MAGIC = b"EIM\x00"
+TFLITE_IDENTIFIER = b"TFL3"  # bytes 4..8 of a TFLite flatbuffer
+ZIP_MAGIC = b"PK\x03\x04"
+KERAS_MEMBERS = {"config.json", "metadata.json"}
+
+
+def sniff_format(path: str | os.PathLike) -> str | None:
+    """The format of the file at ``path`` from its content where the content says it: ``"eim"``
+    (magic), ``"tflite"`` (flatbuffer identifier), ``"tensorflow"`` (a Keras v3 zip),
+    ``"pytorch"`` (another zip, or a pickle, which that front end refuses); None for formats
+    without a signature (ONNX and caffemodel protobufs, prototxt text), left to the suffix."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except (OSError, ValueError):  # missing, a directory, unreadable: the loader says which
+        return None
+    if head[:4] == EIM_MAGIC:
+        return "eim"
+    if head[4:8] == TFLITE_IDENTIFIER:
+        return "tflite"
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # pickle protocol 2-5
+        return "pytorch"
+    if head[:4] == ZIP_MAGIC:
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = set(archive.namelist())
+        except Exception:  # a damaged archive: the front end of the suffix reports it
+            return None
+        return "tensorflow" if KERAS_MEMBERS <= names else "pytorch"
+    return None
+
+
 def detect_frontend(source: Any) -> str:
-    """Which front end converts ``source`` (a path or an in-memory model)."""
+    """Which front end converts ``source`` (a path or an in-memory model).
+
+    A file is recognised by its content first (``sniff_format``: a TFLite file named
+    ``.onnx`` is converted as TFLite), then by its suffix; an ``.eim`` file is refused (it is
+    loaded, not converted)."""
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_file():
+        by_content = sniff_format(source)
+        if by_content == "eim":
+            raise ModelFormatError(f"{os.fspath(source)}: an edgeinfer .eim model, not a source model to convert: "
+                                   "load it with edgeinfer.load() (the CLI's run/inspect/export read it)")
+        if by_content is not None and _available(FRONTENDS[by_content]):
+            return by_content
     for name, module_name in FRONTENDS.items():
         try:
             module = importlib.import_module(module_name)
@@ -44,6 +89,16 @@ def detect_frontend(source: Any) -> str:
     what = f"file {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else type(source).__name__
     raise ModelFormatError(f"cannot convert {what}: expected one of the formats of "
                            f"{', '.join(FRONTENDS)} (by file suffix or object type)")
+
+
+def _available(module_name: str) -> bool:
+    try:
+        importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return False
+        raise
+    return True
 
 
 def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | None = None,
@@ -112,8 +167,10 @@ def load(path: str | os.PathLike) -> Model:
 
 
 def load_any(path: str | os.PathLike) -> Model:
-    """An ``.eim`` file is loaded; any other model file is converted."""
-    if Path(path).suffix.lower() == EIM_SUFFIX:
+    """An ``.eim`` file is loaded, any other model file converted; the content decides where it
+    has a signature (``sniff_format``), the suffix otherwise."""
+    by_content = sniff_format(path)
+    if by_content == "eim" or (by_content is None and Path(path).suffix.lower() == EIM_SUFFIX):
         return load(path)
     return convert(path)
 

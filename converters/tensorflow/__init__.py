@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -94,25 +95,34 @@ def load_keras_file(path: Path):
     """``keras.saving.load_model`` with ``safe_mode=True``; unsafe content is refused."""
     if not path.is_file():
         raise ModelFormatError(f"{path}: expected a .keras file, found no such file")
+    check_keras_config(path)
+    if path.suffix.lower() not in KERAS_SUFFIXES:  # recognised by content; Keras goes by the name
+        with tempfile.TemporaryDirectory(prefix="edgeinfer_keras_") as folder:
+            link = Path(folder) / "model.keras"
+            link.symlink_to(path.resolve())
+            return _load_keras(link, path)
+    return _load_keras(path, path)
+
+
+def _load_keras(path: Path, where: Path):
     import keras
 
-    check_keras_config(path)
     try:
         return keras.saving.load_model(os.fspath(path), safe_mode=True, compile=False)
     except ValueError as exc:
         message = str(exc)
         if "safe_mode" in message or "Lambda" in message or "arbitrary code" in message:
             raise ModelFormatError(
-                f"{path}: refused to load: the model contains Python code (a Lambda layer or another "
+                f"{where}: refused to load: the model contains Python code (a Lambda layer or another "
                 "unsafe object) that Keras will only deserialize with safe_mode=False, which would "
                 "run code from the file. Replace the Lambda with a registered custom layer, or load "
                 "the model yourself if you trust the file and pass the keras.Model object") from exc
-        raise ModelFormatError(f"{path}: Keras cannot load the file: {message.splitlines()[0][:300]}") from exc
+        raise ModelFormatError(f"{where}: Keras cannot load the file: {message.splitlines()[0][:300]}") from exc
     except (OSError, KeyError, TypeError, EOFError) as exc:
-        raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: "
+        raise ModelFormatError(f"{where}: not a readable .keras archive ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
     except Exception as exc:  # zipfile.BadZipFile and Keras' own errors on damaged archives
-        raise ModelFormatError(f"{path}: not a readable .keras archive ({type(exc).__name__}: "
+        raise ModelFormatError(f"{where}: not a readable .keras archive ({type(exc).__name__}: "
                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
 
 
