@@ -1,6 +1,10 @@
 """Atomic file writes: a temporary file in the target's folder, fsync, then rename.
 
 A failed or interrupted write leaves no partial file and leaves an existing file untouched.
+A target that is a symbolic link is refused (writing would either replace the link or, through
+it, a file elsewhere; neither is what the caller asked for). An ``OSError`` (disk full,
+permission denied, read-only file system) becomes a ``ModelFormatError`` naming the target,
+as ``save_model`` has always reported it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, ModelFormatError
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
@@ -21,7 +25,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise EdgeInferError(f"{target}: cannot write, folder {folder} does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    if target.is_symlink():
+        raise ModelFormatError(f"{target}: cannot write, the path is a symbolic link (to {os.readlink(target)}); "
+                             "expected a regular file or a new name")
+    if target.is_dir():
+        raise ModelFormatError(f"{target}: cannot write, the path is a directory; expected a file name")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise ModelFormatError(f"{target}: cannot write in {folder}: {exc.strerror or exc}") from exc
     try:
         _chmod_like_a_new_file(fd, target)
         with os.fdopen(fd, "wb") as handle:
@@ -29,11 +41,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise ModelFormatError(f"{target}: cannot write: {exc.strerror or exc}; nothing was written"
+                                 + (" and the existing file is unchanged" if target.exists() else "")) from exc
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(folder, os.O_RDONLY)
