@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import InputError, ModelFormatError
+from edgeinfer.errors import InputError, ModelFormatError, ModelValidationError
 from edgeinfer.ir import Graph, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
@@ -102,14 +103,17 @@ def _available(module_name: str) -> bool:
 
 
 def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | None = None,
-            dynamic_batch: bool = False, pass_report: list | None = None, **options: Any) -> Model:
+            dynamic_batch: bool = False, pass_report: list | None = None, strict: bool = False,
+            **options: Any) -> Model:
     """Convert a model (file path or in-memory object) into an edgeinfer ``Model``.
 
     ``options`` are front-end specific (e.g. ``weights=`` for Caffe, ``example_inputs=`` for
     PyTorch). ``input_shapes`` ({name: shape}) and ``dynamic_batch`` (first dim becomes the
     symbol ``N``) go to front ends that need shapes to trace a model; for the others they
     re-declare the converted graph's input shapes. The graph is type-inferred, optimized at
-    level ``optimize`` (``pass_report`` collects what each pass did) and verified.
+    level ``optimize`` (``pass_report`` collects what each pass did) and verified. Weights
+    holding NaN (or infinities in a weight op) give a ``NonFiniteWeightsWarning``, or with
+    ``strict`` a ``ModelValidationError``.
     """
     name = detect_frontend(source)
     frontend = _frontend(name)
@@ -132,10 +136,29 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
 
         graph = run_passes(graph, level=optimize, report=pass_report)
     graph.verify()
+    check_weights(graph, strict=strict, where=_describe(source))
     metadata = {"source_format": name}
     if isinstance(source, (str, os.PathLike)):
         metadata["source_file"] = Path(source).name
     return Model(graph, metadata)
+
+
+def _describe(source: Any) -> str:
+    return os.fspath(source) if isinstance(source, (str, os.PathLike)) else f"<{type(source).__name__}>"
+
+
+def check_weights(graph: Graph, *, strict: bool = False, where: str = "model") -> None:
+    """Warn about (or, ``strict``, refuse) weights that hold NaN or infinities."""
+    from edgeinfer.ir.verify import NonFiniteWeightsWarning, nonfinite_weights
+
+    names = nonfinite_weights(graph)
+    if not names:
+        return
+    listed = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    message = f"{where}: weights {listed} hold NaN or infinite values; outputs will be NaN or infinite"
+    if strict:
+        raise ModelValidationError(message + " (refused: strict=True)")
+    warnings.warn(message + " (pass strict=True to refuse such models)", NonFiniteWeightsWarning, stacklevel=3)
 
 
 def redeclare_inputs(graph: Graph, input_shapes: dict[str, tuple], dynamic_batch: bool) -> Graph:

@@ -30,6 +30,7 @@ def tensor_to_array(tensor: onnx.TensorProto, where: str = "") -> np.ndarray:
     """``TensorProto`` -> numpy array (external data must already be loaded)."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         raise ModelFormatError(f"tensor {tensor.name!r}{where}: external data was not loaded")
+    _check_int32_data_range(tensor, where)
     try:
         array = numpy_helper.to_array(tensor)
     except Exception as exc:  # onnx raises ValueError/TypeError/KeyError on malformed data
@@ -40,6 +41,24 @@ def tensor_to_array(tensor: onnx.TensorProto, where: str = "") -> np.ndarray:
         array = np.vectorize(lambda s: s.decode("utf-8") if isinstance(s, bytes) else s,
                              otypes=[object])(array) if array.size else array
     return array
+
+
+# small integer types that ONNX stores widened in int32_data, where numpy_helper would wrap
+# (uint8 300 -> 44) or clip a value out of their range without a word
+_NARROW_INTS = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
+                onnx.TensorProto.INT16: np.int16, onnx.TensorProto.UINT16: np.uint16}
+
+
+def _check_int32_data_range(tensor: onnx.TensorProto, where: str) -> None:
+    kind = _NARROW_INTS.get(tensor.data_type)
+    if kind is None or not len(tensor.int32_data):
+        return
+    values = np.asarray(tensor.int32_data, dtype=np.int64)
+    info = np.iinfo(kind)
+    if values.min() < info.min or values.max() > info.max:
+        bad = int(values[(values < info.min) | (values > info.max)][0])
+        raise ModelFormatError(f"tensor {tensor.name!r}{where}: expected {np.dtype(kind).name} values in "
+                               f"[{info.min}, {info.max}], found {bad}")
 
 
 def _attr_from_proto(attr: AttributeProto, where: str, opset: Mapping[str, int]) -> Any:

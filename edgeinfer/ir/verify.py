@@ -50,6 +50,7 @@ def verify_graph(graph: Graph, outer_scope: set[str]) -> None:
         dup = next(n for n in names if names.count(n) > 1)
         _fail(graph, f"node name {dup!r} is used more than once")
     _check_node_dtypes(graph)
+    _check_quantization_scales(graph)
     for value in graph.outputs:
         if value.name not in defined:
             _fail(graph, f"output {value.name!r} is not produced by any node, input or initializer")
@@ -72,6 +73,32 @@ _SAME_DTYPE_OPS = frozenset({
     "Tanh", "Neg", "Abs", "Sqrt", "Exp", "Log", "Softmax", "LogSoftmax", "LeakyRelu", "Elu", "Erf",
     "MatMul", "Identity", "Transpose",
 })
+
+
+# op -> positions of its quantization scale inputs (ONNX default domain)
+SCALE_INPUTS = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv": (1, 4, 6),
+                "QLinearMatMul": (1, 4, 6)}
+
+
+def _check_quantization_scales(graph: Graph) -> None:
+    """A constant quantization scale must be finite, positive and normal: zero divides by zero
+    (and a subnormal scale's reciprocal overflows), a negative one flips signs and NaN poisons
+    every result, each engine differently."""
+    for node in graph.nodes:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for index in SCALE_INPUTS.get(node.op_type, ()):
+            if index >= len(node.inputs) or not node.inputs[index]:
+                continue
+            scale = graph.initializers.get(node.inputs[index])
+            if scale is None or scale.dtype.kind != "f" or scale.size == 0:
+                continue
+            with np.errstate(invalid="ignore"):  # subnormal: 1 / scale overflows to inf
+                bad = ~(np.isfinite(scale) & (scale >= np.finfo(scale.dtype).tiny))
+            if bad.any():
+                value = float(np.asarray(scale).reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])])
+                _fail(graph, f"{node.label} scale {node.inputs[index]!r}: expected finite positive (normal) values, "
+                             f"found {value!r}" + (f" ({int(bad.sum())} of {scale.size})" if scale.size > 1 else ""))
 
 
 def _check_node_dtypes(graph: Graph) -> None:
@@ -98,3 +125,30 @@ def _check_const(graph: Graph, value) -> None:
                      f"{dtypes.name_of(array.dtype)}")
     if value.shape is not None and tuple(value.shape) != tuple(array.shape):
         _fail(graph, f"initializer {value.name!r}: declared shape {value.shape}, data has {array.shape}")
+
+
+class NonFiniteWeightsWarning(UserWarning):
+    """A model holds NaN weights, or infinite weights in an op that multiplies by them."""
+
+
+# ops whose float constant inputs are weights: an infinity there cannot be meant (unlike an
+# attention mask's -inf added to scores, or Clip's bounds)
+WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormalization", "InstanceNormalization",
+                        "LayerNormalization", "GroupNormalization", "PRelu", "LSTM", "GRU", "RNN", "Einsum"})
+
+
+def nonfinite_weights(graph: Graph) -> list[str]:
+    """Names of float initializers holding NaN, or +-inf when a weight op reads them, in
+    ``graph`` and its subgraphs (``graph/sub/name``)."""
+    weight_inputs = {name for node in graph.nodes if node.op_type in WEIGHT_OPS for name in node.inputs}
+    found = []
+    for name, array in graph.initializers.items():
+        if array.dtype.kind != "f" or array.size == 0:
+            continue
+        with np.errstate(invalid="ignore"):
+            if np.isnan(array).any() or (name in weight_inputs and np.isinf(array).any()):
+                found.append(name)
+    for node in graph.nodes:
+        for sub in node.subgraphs():
+            found.extend(f"{node.name or node.op_type}/{name}" for name in nonfinite_weights(sub))
+    return found
