@@ -43,11 +43,14 @@ def use_workers(count: int) -> Iterator[None]:
         _state.workers = previous
 
 
-# GEMMs from this many multiply-adds on get the run's threads in BLAS (numpy's matmul does
-# not run in parallel from several Python threads); smaller ones stay on one BLAS thread,
-# where a BLAS helper's wake-up (or, on a loaded machine, its lost time slice) costs more
-# than the split saves.
-BLAS_SPLIT_MACS = 1 << 25
+# GEMMs from this many multiply-adds on (over a millisecond on one thread: ResNet-50's convs
+# at 51M and up) get the run's threads in BLAS, since numpy's matmul does not run in parallel
+# from several Python threads; smaller ones stay on one BLAS thread. A BLAS helper that has
+# gone to sleep, or lost its core to another process, stalls the whole call for a time slice:
+# measured interleaved with onnxruntime on a loaded 2-core machine, splitting from 2M-16M
+# made MobileNetV2 4-10x slower and splitting the transformer's 33.5M FFN GEMMs doubled its
+# median, while splitting ResNet-50's made it ~25% faster.
+BLAS_SPLIT_MACS = 40_000_000
 
 
 @functools.cache

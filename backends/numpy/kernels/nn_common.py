@@ -95,7 +95,16 @@ def pad_spatial(x: np.ndarray, begin: Sequence[int], end: Sequence[int], value=0
         return x
     lead = x.ndim - len(begin)
     shape = x.shape[:lead] + tuple(n + b + a for n, b, a in zip(x.shape[lead:], begin, end, strict=False))
-    padded = np.full(shape, value, dtype=x.dtype)
+    padded = np.empty(shape, dtype=x.dtype)
+    # fill only the border slabs, so the tensor is written once (not filled, then copied over)
+    for axis, (before, after) in enumerate(zip(begin, end, strict=False)):
+        index = [slice(None)] * len(shape)
+        if before > 0:
+            index[lead + axis] = slice(0, before)
+            padded[tuple(index)] = value
+        if after > 0:
+            index[lead + axis] = slice(shape[lead + axis] - after, None)
+            padded[tuple(index)] = value
     padded[(Ellipsis, *(slice(b, b + n) for b, n in zip(begin, x.shape[lead:], strict=False)))] = x
     return padded
 
