@@ -310,6 +310,8 @@ def _read_subgraph(index: int, table: Table, buf: Buffer, opcodes: list, n_buffe
 def _read_tensor(index: int, table: Table, buf: Buffer, n_buffers: int, subgraph: int) -> TensorDef:
     what = f"subgraph {subgraph} tensor #{index}"
     shape_array = table.numbers(Slot.TENSOR_SHAPE, "i4", "shape")
+    if shape_array is not None and shape_array.size > limits.MAX_RANK:
+        raise buf.fail(f"{what} has {shape_array.size} dims, expected at most {limits.MAX_RANK}")
     shape = () if shape_array is None else tuple(int(d) for d in shape_array)
     if any(d < 0 for d in shape):
         raise buf.fail(f"{what} has a negative dim in shape {list(shape)}")
@@ -321,6 +323,8 @@ def _read_tensor(index: int, table: Table, buf: Buffer, n_buffers: int, subgraph
     if buffer >= n_buffers:
         raise buf.fail(f"{what} uses buffer {buffer}, but the model has {n_buffers} buffers")
     name = table.string(Slot.TENSOR_NAME, "name") or f"tensor{index}"
+    if len(name) > limits.MAX_NAME_CHARS:
+        raise buf.fail(f"{what} has a name of {len(name)} characters, expected at most {limits.MAX_NAME_CHARS}")
     type_code = table.scalar(Slot.TENSOR_TYPE, "b", 0, "type")
     quant = _read_quant(table.table(Slot.TENSOR_QUANTIZATION, "quantization"), shape, what, buf)
     is_variable = bool(table.scalar(Slot.TENSOR_IS_VARIABLE, "?", False, "is_variable"))

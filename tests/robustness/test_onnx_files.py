@@ -281,3 +281,43 @@ def test_sparse_constant_with_absurd_dims_or_indices(dims, indices, error):
                               [tensor_info("y", [4])])
     with pytest.raises(error, match="sparse|Sparse"):
         ei.convert(helper.make_model(graph, opset_imports=OPSET))
+
+
+def _one_node_model(node, initializers=(), rank=4) -> onnx.ModelProto:
+    out = tensor_info("y", [f"d{i}" for i in range(rank)])
+    graph = helper.make_graph([node], "g", [tensor_info("x", [1, 4, 4, 4])], [out], list(initializers))
+    return helper.make_model(graph, opset_imports=OPSET)
+
+
+_W = numpy_helper.from_array(np.ones((2, 4, 1, 1), np.float32), "w")
+
+
+def _const(name, values, dtype=np.int64):
+    return numpy_helper.from_array(np.asarray(values, dtype), name)
+
+
+DIVIDING_ATTRIBUTES = {
+    "Conv strides 0": (helper.make_node("Conv", ["x", "w"], ["y"], strides=[0, 0]), [_W]),
+    "Conv dilations 0": (helper.make_node("Conv", ["x", "w"], ["y"], dilations=[0, 0]), [_W]),
+    "Conv group 0": (helper.make_node("Conv", ["x", "w"], ["y"], group=0), [_W]),
+    "MaxPool strides 0": (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[0, 0]), []),
+    "MaxPool kernel 0": (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[0, 0]), []),
+    "AveragePool kernel larger than input": (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[9, 9]), []),
+    "DepthToSpace blocksize 0": (helper.make_node("DepthToSpace", ["x"], ["y"], blocksize=0), []),
+    "SpaceToDepth blocksize 0": (helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=0), []),
+    "LRN size 0": (helper.make_node("LRN", ["x"], ["y"], size=0), []),
+    "Resize scales 0": (helper.make_node("Resize", ["x", "", "s"], ["y"]), [_const("s", [1, 1, 0, 0], np.float32)]),
+    "Resize to 233 TiB": (helper.make_node("Resize", ["x", "", "s"], ["y"]),
+                          [_const("s", [1, 1, 1e6, 1e6], np.float32)]),
+    "Tile to 2 TiB": (helper.make_node("Tile", ["x", "r"], ["y"]), [_const("r", [10**5, 10**5, 1, 1])]),
+    "Reshape with two -1": (helper.make_node("Reshape", ["x", "s"], ["y"]), [_const("s", [-1, -1])]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIVIDING_ATTRIBUTES))
+def test_zero_or_absurd_sizes_where_a_kernel_divides_or_allocates(case):
+    """Refused when converting or when running: a typed error, never ZeroDivisionError or MemoryError."""
+    node, initializers = DIVIDING_ATTRIBUTES[case]
+    with pytest.raises(ei.EdgeInferError):
+        model = ei.convert(_one_node_model(node, initializers))
+        ei.Session(model, backend="numpy").run({"x": np.ones((1, 4, 4, 4), np.float32)})
