@@ -318,6 +318,17 @@ class DocumentReader:
             raise self.fail(where, "a non-empty string" if non_empty else "a string", obj)
         return obj
 
+    def name(self, obj: Any, where: str, *, non_empty: bool = False) -> str:
+        """A graph, node, value, op type or domain name: a string of at most ``MAX_NAME_CHARS``."""
+        text = self.string(obj, where, non_empty=non_empty)
+        if len(text) > limits.MAX_NAME_CHARS:
+            raise self.fail(where, f"a name of at most {limits.MAX_NAME_CHARS} characters",
+                            Finding(f"one of {len(text)}"))
+        return text
+
+    def names(self, obj: Any, where: str) -> tuple[str, ...]:
+        return tuple(self.name(item, f"{where}[{i}]") for i, item in enumerate(self.array(obj, where)))
+
     def optional_string(self, obj: Any, where: str) -> str | None:
         if obj is not None and not isinstance(obj, str):
             raise self.fail(where, "a string or null", obj)
@@ -362,7 +373,7 @@ class DocumentReader:
     # -- structure ----------------------------------------------------------------------------
     def value(self, obj: Any, where: str) -> Value:
         obj = self.fields(obj, where, _VALUE_FIELDS)
-        return Value(self.string(obj["name"], f"{where}.name", non_empty=True),
+        return Value(self.name(obj["name"], f"{where}.name", non_empty=True),
                      self.optional_string(obj["dtype"], f"{where}.dtype"),
                      self.shape(obj["shape"], f"{where}.shape"))
 
@@ -382,7 +393,7 @@ class DocumentReader:
         for i, item in enumerate(self.array(obj["initializers"], f"{where}.initializers")):
             at = f"{where}.initializers[{i}]"
             item = self.fields(item, at, ("name", "tensor"))
-            name = self.string(item["name"], f"{at}.name", non_empty=True)
+            name = self.name(item["name"], f"{at}.name", non_empty=True)
             if name in initializers:
                 raise self.fail(f"{at}.name", "initializer names to be unique", name)
             initializers[name] = self.tensor(item["tensor"], f"{at}.tensor")
@@ -391,7 +402,7 @@ class DocumentReader:
         return Graph(nodes, self.values(obj["inputs"], f"{where}.inputs"),
                      self.values(obj["outputs"], f"{where}.outputs"), initializers,
                      value_info=self.values(obj["value_info"], f"{where}.value_info"), opset=opset,
-                     name=self.string(obj["name"], f"{where}.name"),
+                     name=self.name(obj["name"], f"{where}.name"),
                      metadata=self.str_map(obj["metadata"], f"{where}.metadata"))
 
     def node(self, obj: Any, where: str, depth: int) -> Node:
@@ -404,11 +415,11 @@ class DocumentReader:
             problem = attr_shape_problem(value)
             if problem is not None:
                 raise ModelFormatError(f"{self.source}: {where}.attrs[{key!r}]: expected {problem}")
-        return Node(self.string(obj["op_type"], f"{where}.op_type", non_empty=True),
-                    self.strings(obj["inputs"], f"{where}.inputs"),
-                    self.strings(obj["outputs"], f"{where}.outputs"), attrs,
-                    domain=self.string(obj["domain"], f"{where}.domain"),
-                    name=self.string(obj["name"], f"{where}.name"))
+        return Node(self.name(obj["op_type"], f"{where}.op_type", non_empty=True),
+                    self.names(obj["inputs"], f"{where}.inputs"),
+                    self.names(obj["outputs"], f"{where}.outputs"), attrs,
+                    domain=self.name(obj["domain"], f"{where}.domain"),
+                    name=self.name(obj["name"], f"{where}.name"))
 
     def attr(self, obj: Any, where: str, depth: int = 0) -> Any:
         """One attribute value (see the module docstring for the encoding)."""
