@@ -20,7 +20,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 MAX_FILE_BYTES = 16 * GIB  # a file read into memory whole (.tflite)
 MAX_PROTOBUF_BYTES = 2 * GIB - 1  # protobuf's own limit on one serialized message (.onnx, .caffemodel)
-MAX_TEXT_BYTES = 64 * MIB  # a text model definition (.prototxt)
+MAX_TEXT_BYTES = 64 * MIB  # a text model definition (.prototxt), a JSON config inside an archive
 MAX_DOCUMENT_BYTES = 256 * MIB  # the JSON document of an .eim file, once decompressed
 MAX_RANK = 64  # dims of a tensor or value shape (numpy's own limit)
 MAX_TENSOR_ELEMENTS = 1 << 31  # elements of a tensor allocated from declared dims, not from stored data
@@ -49,25 +49,27 @@ LIMITS: tuple[Limit, ...] = (
     Limit("MAX_PROTOBUF_BYTES", MAX_PROTOBUF_BYTES, "bytes",
           "size of one serialized protobuf message (larger ONNX weights go in external data files)",
           ".onnx", "ModelFormatError"),
-    Limit("MAX_TEXT_BYTES", MAX_TEXT_BYTES, "bytes", "size of a text model definition", ".prototxt",
-          "ModelFormatError"),
+    Limit("MAX_TEXT_BYTES", MAX_TEXT_BYTES, "bytes",
+          "size of a text model definition, and of a JSON config inside an archive once inflated (no zip bombs)",
+          ".prototxt, config.json of .keras, payload configs of .pt2", "ModelFormatError"),
     Limit("MAX_DOCUMENT_BYTES", MAX_DOCUMENT_BYTES, "bytes",
           "the graph document of an .eim file (stored and once decompressed); tensor data is not limited: "
           "it is memory-mapped", ".eim", "ModelFormatError"),
     Limit("MAX_RANK", MAX_RANK, "dims", "rank of a tensor or of a declared value shape",
-          ".eim, .onnx, .tflite, .caffemodel", "ModelFormatError"),
+          ".eim, .onnx, .tflite, .prototxt, .caffemodel", "ModelFormatError"),
     Limit("MAX_TENSOR_ELEMENTS", MAX_TENSOR_ELEMENTS, "elements",
           "a tensor the loader allocates from declared dims rather than stored bytes (ONNX sparse "
-          "tensors made dense); a tensor whose bytes are stored must match its dims exactly",
-          ".onnx, .tflite, .caffemodel, .eim", "ModelFormatError"),
+          "tensors made dense, Caffe inputs and placeholder weights); a tensor whose bytes are stored must "
+          "match its dims exactly instead", ".onnx, .prototxt", "ModelFormatError"),
     Limit("MAX_GRAPH_NESTING", MAX_GRAPH_NESTING, "levels",
           "subgraphs inside subgraphs (If/Loop/Scan bodies, TFLite WHILE cond/body); ONNX's own checker "
           "cannot parse much more than 30", ".onnx, .tflite", "ModelFormatError"),
     Limit("MAX_DOCUMENT_NESTING", MAX_DOCUMENT_NESTING, "levels",
           "subgraphs and lists inside attribute values, counted together, in an .eim document", ".eim",
           "ModelFormatError"),
-    Limit("MAX_NAME_CHARS", MAX_NAME_CHARS, "characters", "one graph, node, value, op type or domain name",
-          ".eim, .onnx, .tflite", "ModelFormatError"),
+    Limit("MAX_NAME_CHARS", MAX_NAME_CHARS, "characters",
+          "one graph, node, value, op type or domain name (TFLite: tensor names)", ".eim, .onnx, .tflite",
+          "ModelFormatError"),
     Limit("MAX_VECTOR_ELEMENTS", MAX_VECTOR_ELEMENTS, "elements", "one flatbuffer vector", ".tflite",
           "ModelFormatError"),
 )
