@@ -198,6 +198,21 @@ LOADERS: dict[str, Callable[[Path], object]] = {
 }
 
 
+# -- protobuf wire format, for files protobuf's API refuses to write --------------------------------
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def wire_field(number: int, payload: bytes, wire: int = 2) -> bytes:
+    """One protobuf field: wire 2 is length-delimited, 0 takes an encoded varint, 5 raw bytes."""
+    return varint((number << 3) | wire) + (varint(len(payload)) + payload if wire == 2 else payload)
+
+
 # -- mutations -------------------------------------------------------------------------------------
 def flip_bits(data: bytes, rng: random.Random, count: int) -> bytes:
     out = bytearray(data)

@@ -12,7 +12,7 @@ from edgeinfer.converters.caffe import prototxt
 from edgeinfer.errors import ConversionError, ModelFormatError, UnsupportedOpError
 
 pytest.importorskip("google.protobuf")
-from corpus import CAFFE_NET  # noqa: E402
+from corpus import CAFFE_NET, wire_field  # noqa: E402
 
 BAD_NETS = {
     "conv stride 0": (CAFFE_NET.replace("kernel_size: 3 pad: 1", "kernel_size: 3 pad: 1 stride: 0"),
@@ -71,18 +71,8 @@ def test_prototxt_that_is_not_utf8(tmp_path):
         ei.convert(path)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _field(number: int, wire: int, payload: bytes) -> bytes:
-    """One protobuf field: wire 0 takes an encoded varint, 2 a length-delimited payload, 5 raw bytes."""
-    return _varint((number << 3) | wire) + (_varint(len(payload)) + payload if wire == 2 else payload)
+    return wire_field(number, payload, wire)
 
 
 def caffemodel_with_blob(blob: bytes) -> bytes:

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import onnx
 import pytest
+from corpus import wire_field
 from onnx import TensorProto, helper, numpy_helper
 
 import edgeinfer as ei
@@ -132,30 +133,19 @@ def test_nesting_beyond_the_limit_is_refused():
         ei.convert(nested_if_model(limits.MAX_GRAPH_NESTING + 1))
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """One length-delimited protobuf field."""
-    key, length = (number << 3) | 2, len(payload)
-    out = bytearray([key])
-    while True:
-        byte, length = length & 0x7F, length >> 7
-        out.append(byte | (0x80 if length else 0))
-        if not length:
-            return bytes(out) + payload
-
-
 def test_subgraphs_nested_1000_deep_in_a_file(tmp_path):
     """Written on the wire directly (protobuf's Python API refuses to build it)."""
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [], [tensor_info("y")])
     raw = graph.SerializeToString()
     for _ in range(1000):
         attr = onnx.AttributeProto(name="then_branch", type=onnx.AttributeProto.GRAPH).SerializeToString()
-        attr += _field(6, raw)  # AttributeProto.g
-        node = helper.make_node("If", ["c"], ["y"]).SerializeToString() + _field(5, attr)  # NodeProto.attribute
-        raw = helper.make_graph([], "g", [], [tensor_info("y")]).SerializeToString() + _field(1, node)  # .node
+        attr += wire_field(6, raw)  # AttributeProto.g
+        node = helper.make_node("If", ["c"], ["y"]).SerializeToString() + wire_field(5, attr)  # NodeProto.attribute
+        raw = helper.make_graph([], "g", [], [tensor_info("y")]).SerializeToString() + wire_field(1, node)  # .node
     model = helper.make_model(helper.make_graph([], "top", [tensor_info("x")], [tensor_info("y")]),
                               opset_imports=OPSET)
     model.ClearField("graph")
-    path = save(tmp_path, model.SerializeToString() + _field(7, raw))  # ModelProto.graph
+    path = save(tmp_path, model.SerializeToString() + wire_field(7, raw))  # ModelProto.graph
     with pytest.raises(ModelFormatError, match="model.onnx"):
         ei.convert(path)
 
