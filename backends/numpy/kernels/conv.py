@@ -118,7 +118,7 @@ def _depthwise(x: np.ndarray, w: np.ndarray, strides, dilations, begin, end, out
         writeable=False)
     weights = w.reshape(m, 1, taps)
     results = out.reshape(n, m, 1, length)
-    block = max(1, _COLUMN_BLOCK_BYTES // (n * taps * length * out.itemsize))
+    block = max(1, _COLUMN_BLOCK_BYTES // max(1, n * taps * length * out.itemsize))  # n may be 0
     ranges = [(start, min(start + block, m)) for start in range(0, m, block)]
 
     def run_block(index: int) -> None:

@@ -102,3 +102,13 @@ def test_gelu_matches_math_erf_including_the_tails(dtype):
     # relative to each value (erfc keeps the negative tail precise), with a floor near zero
     error = np.abs(got.astype(np.float64) - expected) / np.maximum(scale, 1e-30 if dtype == np.float64 else 1e-6)
     assert error.max() < (2e-6 if dtype == np.float32 else 5e-7), float(error.max())
+
+
+@pytest.mark.parametrize("shape", [(0, 8, 6, 6), (0, 8, 1, 9)])
+def test_depthwise_conv_of_an_empty_tensor_is_empty(shape):
+    from edgeinfer.backends.numpy.kernels.conv import conv
+
+    x = np.zeros(shape, np.float32)
+    w = np.ones((8, 1, 3, 3), np.float32)
+    y = conv(x, w, np.ones(8, np.float32), group=8, pads=(1, 1, 1, 1))
+    assert y.shape == shape
