@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.conv import convolve
 from edgeinfer.backends.numpy.kernels.elementwise import ERFC_CHEBYSHEV
 from edgeinfer.backends.numpy.kernels.matmul import matmul, matmul_rows
@@ -214,38 +213,17 @@ def layer_normalization(x, scale, bias=None, *, axis: int = -1, epsilon: float =
     return y
 
 
-# Attention splits its heads between workers from this many scores on (smaller: one thread).
-_PARALLEL_SCORES = 1 << 18
-
-
 @kernel("Attention", domain="edgeinfer")
 def attention(q, k, v, mask=None, *, num_heads: int, scale: float = 1.0):
     batch, seq, _ = q.shape
     heads_q = q.reshape(batch, seq, num_heads, -1).transpose(0, 2, 1, 3)
     heads_k = k.reshape(k.shape[0], k.shape[1], num_heads, -1).transpose(0, 2, 3, 1)
     heads_v = v.reshape(v.shape[0], v.shape[1], num_heads, -1).transpose(0, 2, 1, 3)
-    lead = np.broadcast_shapes(heads_q.shape[:2], heads_k.shape[:2], heads_v.shape[:2])
+    # the MatMul, Softmax and MatMul kernels of its lowering, so fusing changes no result and
+    # half-precision inputs compute and round as those ops do (and stay in their dtype)
+    scores = matmul(heads_q, heads_k)
+    scores *= q.dtype.type(scale)
     if mask is not None:
-        mask = np.broadcast_to(mask, (*lead, seq, heads_k.shape[-1]))
-    # [batch, seq, heads, head_dim]: each head writes its slice, the final reshape is free
-    context = np.empty((lead[0], seq, lead[1], heads_v.shape[-1]), dtype=q.dtype)
-
-    def one_head(index: int) -> None:
-        # the MatMul, Softmax and MatMul kernels of its lowering on one head's 2-D slices
-        # (BLAS runs one GEMM per slice of a batched matmul anyway), so fusing changes no
-        # result and half-precision inputs compute and round as those ops do
-        n, h = divmod(index, lead[1])
-        pick = lambda x: x[n if x.shape[0] > 1 else 0, h if x.shape[1] > 1 else 0]  # noqa: E731
-        scores = matmul(pick(heads_q), pick(heads_k))
-        scores *= q.dtype.type(scale)
-        if mask is not None:
-            scores = _add_bias(scores, mask[n, h])
-        context[n, :, h] = matmul(softmax(scores, axis=-1), pick(heads_v))
-
-    count = lead[0] * lead[1]
-    if parallel.workers() > 1 and count > 1 and count * seq * heads_k.shape[-1] >= _PARALLEL_SCORES:
-        parallel.parallel_for(count, one_head)
-    else:
-        for index in range(count):
-            one_head(index)
-    return context.reshape(lead[0], seq, -1)
+        scores = _add_bias(scores, mask)
+    context = matmul(softmax(scores, axis=-1), heads_v)
+    return context.transpose(0, 2, 1, 3).reshape(batch, seq, -1)
