@@ -304,21 +304,11 @@ def _thread_limiter(threads: int | None):
     """A context-manager factory for a run's threads (no-op if None): BLAS gets one thread and
     kernels share their work between ``threads`` workers (``parallel``), which keeps going when
     a thread is descheduled on a busy machine where BLAS's own threads wait for each other."""
-    from contextlib import ExitStack, nullcontext
+    from contextlib import nullcontext
 
     if not threads:
         return nullcontext
-    from threadpoolctl import ThreadpoolController
-
-    controller = ThreadpoolController()
-
-    def limited():
-        stack = ExitStack()
-        stack.enter_context(controller.limit(limits=1, user_api="blas"))
-        stack.enter_context(parallel.use_workers(threads))
-        return stack
-
-    return limited
+    return lambda: parallel.RunThreads(threads)
 
 
 class NumpyBackend(Backend):

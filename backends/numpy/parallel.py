@@ -43,6 +43,32 @@ def use_workers(count: int) -> Iterator[None]:
         _state.workers = previous
 
 
+class RunThreads:
+    """The context a run with ``threads`` executes in: BLAS at one thread (``blas_for`` raises
+    it for big GEMMs) and ``threads`` workers for the kernels, both restored on exit. A plain
+    class rather than stacked context managers: it is entered once per run, which for a
+    small model is a few tens of microseconds."""
+
+    __slots__ = ("threads", "saved")
+
+    def __init__(self, threads: int):
+        self.threads = max(1, int(threads))
+
+    def __enter__(self) -> RunThreads:
+        libraries = _blas_libraries()
+        self.saved = (workers(), [library.num_threads for library in libraries])
+        for library in libraries:
+            library.set_num_threads(1)
+        _state.workers = self.threads
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        previous, counts = self.saved
+        _state.workers = previous
+        for library, count in zip(_blas_libraries(), counts):
+            library.set_num_threads(count)
+
+
 # GEMMs from this many multiply-adds on (over a millisecond on one thread: ResNet-50's convs
 # at 51M and up) get the run's threads in BLAS, since numpy's matmul does not run in parallel
 # from several Python threads; smaller ones stay on one BLAS thread. A BLAS helper that has
@@ -60,14 +86,21 @@ def _blas_libraries() -> tuple:
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
-@contextlib.contextmanager
-def blas_for(macs: int) -> Iterator[None]:
-    """Inside a run with several workers, give BLAS the run's threads for a GEMM of ``macs``
-    multiply-adds worth it (the run itself keeps BLAS at one thread)."""
+_NO_CHANGE = contextlib.nullcontext()
+
+
+def blas_for(macs: int) -> contextlib.AbstractContextManager:
+    """Inside a run with several workers, a context giving BLAS the run's threads for a GEMM
+    of ``macs`` multiply-adds worth it (the run itself keeps BLAS at one thread); a shared
+    no-op context otherwise, so small GEMMs pay next to nothing for asking."""
     count = workers()
     if count <= 1 or macs < BLAS_SPLIT_MACS:
-        yield
-        return
+        return _NO_CHANGE
+    return _blas_threads(count)
+
+
+@contextlib.contextmanager
+def _blas_threads(count: int) -> Iterator[None]:
     libraries = _blas_libraries()
     for library in libraries:
         library.set_num_threads(count)

@@ -30,7 +30,13 @@ def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
     rows = a.reshape(-1, a.shape[-1])
     with parallel.blas_for(rows.shape[0] * b.shape[0] * b.shape[1]):
         out = np.matmul(rows, b)
-    if bias is not None or activation is not None:
+    chunk = _ACTIVATION_CHUNK if activation is not None else _BIAS_CHUNK
+    if out.size <= chunk:  # one block: nothing to split
+        if bias is not None:
+            np.add(out, bias, out=out, casting="same_kind")
+        if activation is not None:
+            activation(out)
+    else:
         def finish(index: int) -> None:
             target = out[slice(*blocks[index])]
             if bias is not None:
@@ -38,7 +44,6 @@ def matmul_rows(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None,
             if activation is not None:
                 activation(target)
 
-        chunk = _ACTIVATION_CHUNK if activation is not None else _BIAS_CHUNK
         blocks = parallel.split(out.shape[0], parallel.chunks_for(out.size, chunk))
         parallel.parallel_for(len(blocks), finish, work=out.size * (8 if activation is not None else 1))
     return out.reshape(*a.shape[:-1], b.shape[1])

@@ -112,3 +112,23 @@ def test_depthwise_conv_of_an_empty_tensor_is_empty(shape):
     w = np.ones((8, 1, 3, 3), np.float32)
     y = conv(x, w, np.ones(8, np.float32), group=8, pads=(1, 1, 1, 1))
     assert y.shape == shape
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_a_run_keeps_blas_at_one_thread_except_for_big_gemms_and_restores_it():
+    if not _blas_threads():
+        pytest.skip("numpy is not linked to a BLAS that threadpoolctl can see")
+    before = _blas_threads()
+    with parallel.RunThreads(2):
+        assert _blas_threads() == [1] * len(before) and parallel.workers() == 2
+        with parallel.blas_for(parallel.BLAS_SPLIT_MACS):
+            assert _blas_threads() == [2] * len(before)
+        with parallel.blas_for(parallel.BLAS_SPLIT_MACS - 1):
+            assert _blas_threads() == [1] * len(before)
+        assert _blas_threads() == [1] * len(before)
+    assert _blas_threads() == before and parallel.workers() == 1
