@@ -1,4 +1,5 @@
-"""Micro-benchmark: the numpy backend's Conv kernel against onnxruntime on ResNet-50 shapes.
+"""Micro-benchmark: the numpy backend's Conv kernel against onnxruntime on ResNet-50 shapes
+(and MobileNetV2's depthwise ones).
 
 Both run at batch 1 with the same thread count (BLAS threads for numpy, intra-op threads for
 onnxruntime). Each shape is timed as the median of ``--repeat`` runs after a warm-up, and
@@ -33,6 +34,11 @@ SHAPES = [
     ("1x1/2 1024->2048 @14", 1024, 2048, 14, 1, 2, 0, 1),
     ("1x1 512->2048 @7", 512, 2048, 7, 1, 1, 0, 1),
     ("dw 3x3 32 @112", 32, 32, 112, 3, 1, 1, 32),
+    # MobileNetV2's other depthwise shapes
+    ("dw 3x3/2 96 @112", 96, 96, 112, 3, 2, 1, 96),
+    ("dw 3x3 144 @56", 144, 144, 56, 3, 1, 1, 144),
+    ("dw 3x3 384 @14", 384, 384, 14, 3, 1, 1, 384),
+    ("dw 3x3 960 @7", 960, 960, 7, 3, 1, 1, 960),
 ]
 
 
