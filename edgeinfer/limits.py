@@ -44,8 +44,9 @@ class Limit:
 
 
 LIMITS: tuple[Limit, ...] = (
-    Limit("MAX_FILE_BYTES", MAX_FILE_BYTES, "bytes", "size of a model file read into memory whole",
-          ".tflite", "ModelFormatError"),
+    Limit("MAX_FILE_BYTES", MAX_FILE_BYTES, "bytes",
+          "size of a model file read into memory whole, and of one member of a PyTorch archive once inflated",
+          ".tflite, .pt, .pt2", "ModelFormatError"),
     Limit("MAX_PROTOBUF_BYTES", MAX_PROTOBUF_BYTES, "bytes",
           "size of one serialized protobuf message (larger ONNX weights go in external data files)",
           ".onnx", "ModelFormatError"),

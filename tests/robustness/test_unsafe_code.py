@@ -98,6 +98,22 @@ def test_damaged_zip_directory_is_a_format_error(tmp_path, seeds, damage):
         ei.convert(path, input_shapes={"x": (2, 4)})
 
 
+# Four bit flips (offset, mask) in the TorchScript seed, in data.pkl and two code files, that
+# made torch.jit.load crash the process with a segmentation fault (benchmarks/fuzz_loaders.py).
+SEGFAULTING_FLIPS = ((483, 0x80), (1359, 0x40), (1695, 0x10), (2145, 0x04))
+
+
+def test_member_failing_its_crc_is_refused_before_torch_reads_it(tmp_path, seeds):
+    """torch's archive reader skips CRC checks; edgeinfer checks them first."""
+    raw = bytearray(seeds.data("pt"))
+    for offset, mask in SEGFAULTING_FLIPS:
+        raw[offset] ^= mask
+    path = tmp_path / "tiny.pt"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ModelFormatError, match="CRC"):
+        ei.convert(path, input_shapes={"x": (2, 4)})
+
+
 # -- Keras -------------------------------------------------------------------------------------------
 def keras_with_config(seed: Path, out: Path, edit) -> Path:
     with zipfile.ZipFile(seed) as archive:
