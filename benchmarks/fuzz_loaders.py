@@ -9,9 +9,10 @@ bit flips, byte overwrites, truncations, splices and random bytes, in-process, f
 ``--seconds``. An input that loads or raises an ``EdgeInferError`` is fine; any other
 exception is a *crash* and one taking longer than ``--timeout`` seconds a *hang* (cut by
 ``signal.alarm``). Each distinct crash (exception type and the innermost edgeinfer frame) is
-saved once under ``--save`` to replay; a crash of the interpreter itself ends the run and the
-last input is in ``<save>/last_input*``. The JSON has, per loader: inputs tried, loaded,
-refused, crashes, hangs, distinct crashes with an example each.
+saved once under ``--save`` to replay. Each loader runs in a child process: a crash of the
+interpreter itself (a segmentation fault in a framework's C++ loader) is counted as a
+*process crash*, its input kept, and fuzzing resumes in a new child. The JSON has, per loader: inputs tried, loaded,
+refused, crashes, hangs, process crashes, distinct crashes with an example each.
 
 ``tests/robustness/test_fuzz.py`` is the bounded version that runs in CI.
 """
@@ -21,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,6 +109,39 @@ def _record(distinct: dict, signature: str, raw: bytes, kind: str, suffix: str, 
     print(f"  {kind}: new crash {signature}: {message[:120]} -> {path}", flush=True)
 
 
+def fuzz_isolated(kind: str, args: argparse.Namespace) -> dict:
+    """Fuzz ``kind`` in child processes: a crash of the interpreter (a segmentation fault in a
+    framework's C++ loader) is counted, its input saved, and fuzzing goes on in a new child."""
+    remaining, attempt = args.seconds, 0
+    merged = {"inputs": 0, "loaded": 0, "refused": 0, "crashes": 0, "hangs": 0, "process_crashes": 0,
+              "seconds": 0.0, "distinct": {}}
+    suffix = corpus.SEED_WRITERS[kind][0]
+    while remaining >= 1:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            started = time.monotonic()
+            done = subprocess.run([sys.executable, __file__, "--worker", kind, "--seconds", str(remaining),
+                                   "--timeout", str(args.timeout), "--seed", str(args.seed + attempt),
+                                   "--save", str(args.save), "--json", out.name])
+            elapsed = time.monotonic() - started
+            text = Path(out.name).read_text()
+        if done.returncode in (0, 1) and text:
+            result = json.loads(text)["loaders"][kind]
+            for key in ("inputs", "loaded", "refused", "crashes", "hangs", "seconds"):
+                merged[key] += result[key]
+            merged["distinct"].update(result["distinct"])
+            break
+        merged["process_crashes"] += 1
+        merged["seconds"] += round(elapsed, 1)
+        kept = args.save / f"{kind}_process_crash_{merged['process_crashes']}{suffix}"
+        shutil.copy(args.save / f"last_input{suffix}", kept)
+        print(f"  {kind}: the process died (status {done.returncode}); input saved as {kept}", flush=True)
+        merged["distinct"][f"process crash (status {done.returncode}) #{merged['process_crashes']}"] = {
+            "count": 1, "example": str(kept), "message": f"exit status {done.returncode}"}
+        remaining -= elapsed
+        attempt += 1
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=600, help="fuzzing time per loader")
@@ -115,20 +151,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, default=Path("fuzz_crashes"), help="folder for crashing inputs")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--worker", metavar="KIND", help=argparse.SUPPRESS)  # one loader, in this process
     args = parser.parse_args(argv)
     args.save.mkdir(parents=True, exist_ok=True)
     results = {}
-    for kind in args.kinds.split(","):
-        print(f"{kind}: fuzzing for {args.seconds:g} s", flush=True)
-        results[kind] = fuzz_loader(kind, args.seconds, args.timeout, args.save, args.seed)
-        r = results[kind]
-        print(f"{kind}: {r['inputs']} inputs in {r['seconds']} s: {r['loaded']} loaded, {r['refused']} refused, "
-              f"{r['crashes']} crashes ({len(r['distinct'])} distinct), {r['hangs']} hangs", flush=True)
+    for kind in [args.worker] if args.worker else args.kinds.split(","):
+        if not args.worker:
+            print(f"{kind}: fuzzing for {args.seconds:g} s", flush=True)
+        if args.worker:
+            results[kind] = fuzz_loader(kind, args.seconds, args.timeout, args.save, args.seed)
+            continue
+        results[kind] = r = fuzz_isolated(kind, args)
+        print(f"{kind}: {r['inputs']} inputs in {r['seconds']:.1f} s: {r['loaded']} loaded, {r['refused']} refused, "
+              f"{r['crashes']} crashes, {r['process_crashes']} process crashes ({len(r['distinct'])} distinct), "
+              f"{r['hangs']} hangs", flush=True)
     summary = {"seconds_per_loader": args.seconds, "seed": args.seed, "python": sys.version.split()[0],
-               "loaders": results, "total_crashes": sum(r["crashes"] + r["hangs"] for r in results.values())}
+               "loaders": results,
+               "total_crashes": sum(r["crashes"] + r["hangs"] + r.get("process_crashes", 0) for r in results.values())}
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.json}")
+        if not args.worker:
+            print(f"wrote {args.json}")
     return 1 if summary["total_crashes"] else 0
 
 
