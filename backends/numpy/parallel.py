@@ -1,17 +1,18 @@
-"""Work sharing for kernels: the calling thread and helper threads take chunks in turn.
+"""How a numpy run with ``threads=N`` uses its threads.
 
-A run with ``threads=N`` sets BLAS to one thread and lets kernels split their work (rows of a
-GEMM, channel blocks of a depthwise conv, heads of an attention) into chunks with
-``parallel_for``. The calling thread works through the chunks itself and up to ``N - 1``
-helpers join when the OS schedules them; the caller waits only for chunks a helper has
-already started. BLAS's own threads split each call statically and wait for each other, so
-on a loaded machine one descheduled BLAS thread stalls the call for a whole time slice
-(measured: 0.5 ms GEMMs taking 10-20 ms); here a helper that does not wake up costs nothing.
+Elementwise work (the depthwise conv's channel blocks, bias and activation epilogues of
+GEMMs) is cut into chunks that the calling thread and up to ``N - 1`` helper threads take in
+turn (``parallel_for``); numpy's copies and ufuncs release the GIL. The caller works through
+the chunks itself and waits only for chunks a helper has already started, so a helper that
+the OS does not schedule costs nothing. GEMMs are different: numpy's matmul does not run in
+parallel from several Python threads (measured), so they stay whole and get BLAS threads
+only when they are big (``blas_for``); the run keeps BLAS at one thread otherwise. BLAS's
+own threads split each call statically and wait for each other, so on a loaded machine one
+descheduled BLAS thread stalls the call for a whole time slice (measured: 0.5 ms GEMMs
+taking 10-20 ms with two BLAS threads, interleaved with onnxruntime on two shared cores).
 
-numpy's ufuncs and BLAS release the GIL, so chunks run truly in parallel. The worker count
-is per thread (``threading.local``), so executables running at once in several threads each
-keep their own, and helpers never split their chunks again.
-"""
+The worker count is per thread (``threading.local``), so executables running at once in
+several threads each keep their own, and helpers never split their chunks again."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def conv_nd(x: np.ndarray, w: np.ndarray, *, group: int, strides: Sequence[int],
     else:
         cols = _im2col(pad_spatial(x, begin, end), group, kernel, strides, dilations, out_sizes)
     weights = w.reshape(group, m // group, group_channels * prod(kernel))
-    if n == 1 and group == 1:  # the common inference case: one plain 2-D GEMM, split by rows
+    if n == 1 and group == 1:  # the common inference case: one plain 2-D GEMM
         _gemm_rows(weights[0], cols[0, 0], out, epilogue)
         return out
     with parallel.blas_for(n * m * weights.shape[2] * length):

@@ -2,7 +2,9 @@
 
 A fused op runs its base op with the kernel the registry holds for it (``Conv``, ``Gemm``;
 the ``onnx.reference`` implementation when no numpy kernel is registered), then applies the
-activation in place on the result, so no intermediate tensor is kept.
+activation in place on the result, so no intermediate tensor is kept. For float32/float64
+``FusedConv`` and ``FusedMatMul`` the bias and activation run on blocks of the output while
+they are in cache (``conv.convolve``, ``matmul.matmul_rows``).
 """
 
 from __future__ import annotations
