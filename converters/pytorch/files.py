@@ -23,6 +23,7 @@ import json
 import os
 import pickletools
 import zipfile
+import zlib
 from pathlib import Path
 
 from edgeinfer import limits
@@ -49,7 +50,8 @@ def classify(path: str | os.PathLike) -> str:
     try:
         return _classify_file(path)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, UnicodeDecodeError, EOFError,
-            ValueError, OSError) as exc:  # zipfile's ways of refusing a damaged archive (found by fuzzing)
+            ValueError, OSError, zlib.error, RuntimeError) as exc:  # zipfile's ways of refusing a damaged
+        # archive, found by fuzzing (RuntimeError: a member flagged as encrypted)
         raise ModelFormatError(f"{path}: corrupt zip archive ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import struct
 import zipfile
 from pathlib import Path
 
@@ -76,10 +77,10 @@ def test_pickled_payload_through_the_cli(tmp_path):
     assert not marker.exists() and not (tmp_path / "out.eim").exists()
 
 
-@pytest.mark.parametrize("damage", ["utf8 name", "multi-disk", "unknown compression"])
+@pytest.mark.parametrize("damage", ["utf8 name", "multi-disk", "unknown compression", "encrypted", "bad deflate"])
 def test_damaged_zip_directory_is_a_format_error(tmp_path, seeds, damage):
-    """zipfile raises UnicodeDecodeError, BadZipFile from is_zipfile, NotImplementedError...
-    on such archives (found by fuzzing)."""
+    """zipfile raises UnicodeDecodeError, BadZipFile from is_zipfile, NotImplementedError,
+    RuntimeError, zlib.error... on such archives (found by fuzzing)."""
     raw = bytearray(seeds.data("pt"))
     end = raw.rindex(b"PK\x05\x06")
     directory = raw.index(b"PK\x01\x02")
@@ -90,8 +91,15 @@ def test_damaged_zip_directory_is_a_format_error(tmp_path, seeds, damage):
         raw[end - 20:end - 16] = b"PK\x06\x07"  # a zip64 locator claiming several disks
         raw[end - 16:end - 12] = b"\0\0\0\0"
         raw[end - 4:end] = b"\x05\0\0\0"
-    else:
+    elif damage == "unknown compression":
         raw[directory + 10:directory + 12] = b"\x63\0"  # compression method 99
+    elif damage == "encrypted":
+        raw[directory + 8] |= 0x01  # general purpose flag bit 0: encrypted, password required
+    else:  # the first deflated member's stream
+        info = next(i for i in zipfile.ZipFile(io.BytesIO(bytes(raw))).infolist() if i.compress_type == 8)
+        name_length, extra_length = struct.unpack_from("<HH", raw, info.header_offset + 26)  # the local header's
+        start = info.header_offset + 30 + name_length + extra_length
+        raw[start:start + 4] = b"\xff\xff\xff\xff"
     path = tmp_path / "model.pt"
     path.write_bytes(bytes(raw))
     with pytest.raises(ModelFormatError, match="model.pt"):
