@@ -23,6 +23,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,8 @@ def check_keras_config(path: Path) -> None:
             config = json.loads(archive.read(info))
     except ModelFormatError:
         raise
-    except (zipfile.BadZipFile, KeyError, ValueError, RecursionError, OSError, EOFError, NotImplementedError) as exc:
+    except (zipfile.BadZipFile, KeyError, ValueError, RecursionError, OSError, EOFError, NotImplementedError,
+            RuntimeError, zlib.error) as exc:  # RuntimeError: a member flagged as encrypted (found by fuzzing)
         raise ModelFormatError(f"{path}: expected a .keras archive with a JSON config.json, cannot read it "
                                f"({type(exc).__name__}: {str(exc)[:200]})") from None
     stack = [config]

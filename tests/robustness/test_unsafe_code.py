@@ -198,6 +198,21 @@ def test_keras_with_a_registered_custom_object_is_not_refused_by_the_check(tmp_p
     check_keras_config(path)  # no error: the object is registered in this process
 
 
+def test_keras_archive_with_an_encrypted_config(tmp_path, seeds):
+    raw = bytearray(seeds.data("keras"))
+    archive = zipfile.ZipFile(io.BytesIO(bytes(raw)))
+    directory = raw.index(b"PK\x01\x02")
+    for info in archive.infolist():  # set the encrypted flag of config.json in the central directory
+        entry = raw.index(b"PK\x01\x02", directory)
+        if raw[entry + 46:entry + 46 + len(info.filename)] == info.filename.encode() and info.filename == "config.json":
+            raw[entry + 8] |= 0x01
+        directory = entry + 1
+    path = tmp_path / "model.keras"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ModelFormatError, match="encrypted"):
+        ei.convert(path)
+
+
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04broken", b"not a zip at all"])
 def test_broken_keras_archive(tmp_path, content):
     pytest.importorskip("keras")
