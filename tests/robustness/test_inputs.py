@@ -83,13 +83,7 @@ def test_zero_size_batch(mlp, x, backend):
         assert session.run({"x": x[:0]})["y"].shape == (0, 3)
 
 
-ZERO_BATCH_CONV_BUG = pytest.mark.xfail(
-    reason="BUG: the numpy depthwise Conv kernel divides by the batch size (backends/numpy/kernels/conv.py "
-           "block = ... // (n * taps * ...)): ZeroDivisionError -> BackendError; reported to its owner")
-
-
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=ZERO_BATCH_CONV_BUG) if b == "numpy" else b
-                                     for b in ("numpy", "onnxruntime", "tflite", "openvino")
+@pytest.mark.parametrize("backend", [b for b in ("numpy", "onnxruntime", "tflite", "openvino")
                                      if b in available_backends()])
 def test_zero_size_batch_through_a_cnn(backend):
     """numpy and onnxruntime return empty outputs; engines that cannot (XNNPACK, OpenVINO)
