@@ -27,7 +27,7 @@ import onnx
 
 import edgeinfer as ei
 from edgeinfer import zoo
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 
 BACKENDS = ("numpy", "onnxruntime")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -53,8 +53,8 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
     feeds = zoo.example_inputs(proto, seed=0)
     sessions = {backend: ei.Session(model, backend=backend, threads=threads) for backend in BACKENDS}
     outputs = {backend: session.run(feeds) for backend, session in sessions.items()}
-    times = time_interleaved({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
-                             rounds=rounds, warmup=warmup)
+    times = time_engines({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
+                         calls=rounds, warmup=warmup)
     result: dict[str, Any] = {
         "model": name,
         "nodes": len(model.graph.nodes),

@@ -3,7 +3,7 @@ Loop took before the native kernels: the whole loop in one fallback node) and on
 
 The bodies are small (a 16-wide recurrent cell: MatMul, Add, Tanh, a reduction and a compare),
 so the figure is mostly per-iteration overhead: preparing feeds, the step loop over the body,
-collecting scan outputs. Timing is interleaved (``edgeinfer.benchmark.time_interleaved``);
+collecting scan outputs. Timing is interleaved (``edgeinfer.benchmark.time_engines``: interleaved blocks);
 the median of the rounds is reported, in microseconds per iteration. Usage::
 
     python benchmarks/bench_control_flow.py [--iterations 500] [--rounds 7] [--threads 1]
@@ -20,7 +20,7 @@ import onnx.parser
 from onnx import numpy_helper
 
 import edgeinfer as ei
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 
 WIDTH = 16
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.iterations} iterations, width {WIDTH}, {args.threads} thread(s), median of {args.rounds} rounds")
     print(f"{'op':6} {'numpy us/it':>12} {'onnx.reference':>15} {'onnxruntime':>12}")
     for op, (model, feeds) in cases.items():
-        times = time_interleaved(contenders(model, feeds, args.threads), rounds=args.rounds, warmup=1)
+        times = time_engines(contenders(model, feeds, args.threads), calls=args.rounds, warmup=1)
         per_iteration = {name: statistics.median(t) / args.iterations * 1e6 for name, t in times.items()}
         print(f"{op:6} {per_iteration['numpy']:12.1f} {per_iteration['onnx.reference']:15.1f} "
               f"{per_iteration['onnxruntime']:12.1f}")

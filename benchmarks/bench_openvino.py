@@ -10,7 +10,7 @@ prepare three contenders with the same thread count, batch 1:
 - ``ort_backend``: ``ei.Session(model, backend="onnxruntime")``.
 
 It checks that the three give the same outputs, warms up, then times them in interleaved
-rounds (``edgeinfer.benchmark.time_interleaved``), and reports median and p90 latency, the
+rounds (``edgeinfer.benchmark.time_engines``: interleaved blocks), and reports median and p90 latency, the
 backend's overhead over raw OpenVINO and the ratio OpenVINO backend / onnxruntime backend of
 the medians. Usage::
 
@@ -36,7 +36,7 @@ from bench_backends import max_relative_difference  # the sibling script (benchm
 
 import edgeinfer as ei
 from edgeinfer import zoo
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.peers import raw_openvino
 
@@ -62,7 +62,7 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
         "ort_backend": functools.partial(ei.Session(model, backend="onnxruntime", threads=threads).run, feeds),
     }
     outputs = {contender: run() for contender, run in runs.items()}
-    times = time_interleaved(runs, rounds=rounds, warmup=warmup)
+    times = time_engines(runs, calls=rounds, warmup=warmup)
     result: dict[str, Any] = {
         "model": name,
         "parameters": int(sum(a.size for a in model.graph.initializers.values())),

@@ -1,7 +1,8 @@
 """The scheduler against the engines a user would otherwise run directly, all in one run.
 
-Four measurements, each with every contender timed in interleaved rounds
-(``edgeinfer.benchmark.time_interleaved``) so machine noise hits them alike:
+Four measurements, each with every contender timed in interleaved blocks
+(``edgeinfer.benchmark.time_engines``: a few calls per turn after untimed ones, so no engine is
+timed beside another engine's spinning threads) so machine noise hits them alike:
 
 1. overhead: edgeinfer's onnxruntime backend against raw onnxruntime on the same ONNX model
    (median latency, batch 1);
@@ -35,7 +36,7 @@ import onnx
 import edgeinfer as ei
 from edgeinfer import zoo
 from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.peers import Runner, raw_litert, raw_onnxruntime, raw_openvino
 
@@ -47,7 +48,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
 
 
 def medians_ms(runs: dict[str, Callable[[], Any]], rounds: int, warmup: int = 3) -> dict[str, float]:
-    times = time_interleaved(runs, rounds=rounds, warmup=warmup)
+    times = time_engines(runs, calls=rounds, warmup=warmup)
     return {name: statistics.median(t) * 1000 for name, t in times.items()}
 
 

@@ -5,7 +5,7 @@ For each model: build it (``edgeinfer.zoo``), convert it (default passes) and, f
 samples). One session per backend with the same thread count runs the same IR: the tflite
 backend exports it to a .tflite flatbuffer (XNNPACK kernels by default; full-integer ops for
 the INT8 model), onnxruntime runs the ONNX export (QDQ fused into its integer kernels). The
-sessions are timed alternately (``edgeinfer.benchmark.time_interleaved``). Reports median
+sessions are timed alternately (``edgeinfer.benchmark.time_engines``: interleaved blocks). Reports median
 and p90 latency per backend, the ratio tflite / onnxruntime of the medians, the .tflite size
 and the largest difference between the two backends' outputs, relative to the output's range.
 Usage::
@@ -30,7 +30,7 @@ from bench_backends import environment, max_relative_difference
 
 import edgeinfer as ei
 from edgeinfer import zoo
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 
 BACKENDS = ("tflite", "onnxruntime")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -62,8 +62,8 @@ def bench_variant(variant: str, *, threads: int, rounds: int, warmup: int, op_re
     sessions = {backend: ei.Session(model, backend=backend, threads=threads, **engine[backend])
                 for backend in BACKENDS}
     outputs = {backend: session.run(feeds) for backend, session in sessions.items()}
-    times = time_interleaved({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
-                             rounds=rounds, warmup=warmup)
+    times = time_engines({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
+                         calls=rounds, warmup=warmup)
     result: dict[str, Any] = {
         "model": variant,
         "nodes": len(model.graph.nodes),

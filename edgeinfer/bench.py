@@ -5,7 +5,7 @@ Three phases, so one contender's measurement never disturbs another's:
 1. prepare, one contender at a time: compile (a ``Session``, or a raw engine for a peer), the
    first run and the warm-up runs, inside ``PeakRSS`` (``edgeinfer.memory``): the peak
    resident memory each contender added to the process;
-2. latency: all contenders timed in interleaved rounds (``edgeinfer.benchmark.time_interleaved``)
+2. latency: all contenders timed in interleaved blocks (``edgeinfer.benchmark.time_engines`` style)
    so machine noise hits them alike;
 3. profile, untimed: per-op times from a debug session of the numpy backend, or per-part
    times of a plan with several parts (each part's executable timed on its real inputs).
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, time_interleaved
 from edgeinfer.memory import PeakRSS
 from edgeinfer.model import Model
 from edgeinfer.progress import NoProgress, Progress
@@ -174,7 +174,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 contender.runs_on = runs_on[0]
                 contenders.append(contender)
             progress.advance()
-        progress.describe("timing (interleaved rounds)")
+        progress.describe("timing (interleaved blocks)")
         times = _timed_rounds({c.label: c.run for c in contenders}, runs, progress)
         reports = []
         for contender in contenders:
@@ -274,19 +274,22 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
     return contender.memory.increase, contender.memory.method
 
 
-def _timed_rounds(runs: Mapping[str, Callable[[], Any]], rounds: int, progress: Progress) -> dict[str, list[float]]:
-    """``time_interleaved`` in chunks of an even number of rounds (so the order still alternates
-    round by round), advancing the progress bar between chunks, never inside a timed call."""
+def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: Progress) -> dict[str, list[float]]:
+    """About ``calls`` timed calls per contender, in blocks (``edgeinfer.benchmark.time_engines``:
+    no engine is timed beside another's spinning threads), interleaved in chunks of an even
+    number of rounds (so the order still alternates), advancing the progress bar between chunks,
+    never inside a timed call."""
+    rounds = max(2, -(-calls // ENGINE_BLOCK))
     chunk = max(2, 2 * (rounds // 40))
     times: dict[str, list[float]] = {name: [] for name in runs}
     done = 0
     while done < rounds:
         count = min(chunk, rounds - done)
-        for name, samples in time_interleaved(runs, rounds=count).items():
+        for name, samples in time_interleaved(runs, rounds=count, block=ENGINE_BLOCK, settle=ENGINE_SETTLE).items():
             times[name].extend(samples)
         done += count
-        progress.advance(count)
-    return times
+        progress.advance(min(count * ENGINE_BLOCK, calls))
+    return {name: samples[:calls] for name, samples in times.items()}  # exactly --runs each
 
 
 def profile_session(session: Any, feeds: Mapping[str, Any], runs: int = PROFILE_RUNS) -> Profile | None:

@@ -3,8 +3,8 @@
 Candidates: each installed engine on its own (with numpy for what it cannot run), all of them
 in the default priority order when several are installed, and numpy alone. Each candidate is
 partitioned and compiled, then timed on the model's input shapes (random feeds, symbolic dims
-at 1) in interleaved rounds (``edgeinfer.benchmark.time_interleaved``), so machine noise hits
-them alike; the lowest median wins. A candidate more than 3x slower than the best after a
+at 1) in interleaved blocks (``edgeinfer.benchmark.time_engines``), so machine noise hits
+them alike and no engine is timed beside another's spinning threads; the lowest median wins. A candidate more than 3x slower than the best after a
 first short round is dropped early (numpy on a big convolutional net).
 
 The choice is cached in a small JSON file keyed by the model's content hash, the device, the
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.backend import installed_backends
-from edgeinfer.benchmark import time_interleaved
+from edgeinfer.benchmark import time_engines
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.model import Model
@@ -174,16 +174,16 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
         runners[label], label_of[label], built[label] = runner, names, (backends, plan)
     if not runners:
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
-    first = time_interleaved({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, rounds=3, warmup=2)
+    first = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=5, warmup=2)
     best = min(statistics.median(t) for t in first.values())
     for label, times in first.items():
         if statistics.median(times) > _DROP_FACTOR * best and len(runners) > 1:
             skipped[label] = f"{statistics.median(times) * 1000:.2f} ms in the first rounds, over " \
                              f"{_DROP_FACTOR}x the best"
             runners.pop(label).close()
-    per_round = sum(statistics.median(first[label]) for label in runners)
-    rounds = int(max(5, min(60, _TIME_BUDGET_S / max(per_round, 1e-6))))
-    times = time_interleaved({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, rounds=rounds)
+    per_call = sum(statistics.median(first[label]) for label in runners)
+    calls = int(max(10, min(60, _TIME_BUDGET_S / max(per_call, 1e-6))))
+    times = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=calls)
     medians = {label: statistics.median(t) * 1000 for label, t in times.items()}
     winner = min(medians, key=medians.get)
     for label, runner in runners.items():
@@ -216,8 +216,8 @@ def choose_executor(model: Model, backends: list, *, threads: int | None, debug:
         log.warning("executor='auto' cannot time the executors (%s); using sequential", exc)
         built.pop("dag")[1].close()
         return "sequential", *built["sequential"], {}
-    times = time_interleaved({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
-                             rounds=rounds, warmup=2)
+    times = time_engines({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
+                         calls=rounds, warmup=2)
     medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
     winner = min(medians, key=medians.get)
     for name, (_, runner) in built.items():
