@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from edgeinfer.session import Session
 
 log = logging.getLogger("edgeinfer.scheduler.pipeline")
-_POLL = 0.05  # seconds between checks of the stop flag while a worker waits on a queue
+_POLL = 0.05  # seconds between checks of the stop flag while a worker waits on a full queue
+_WAKE = None  # put on a stage's queue by close(): the worker that takes it exits at once
 
 
 @dataclass
@@ -273,10 +274,14 @@ class Pipeline:
     def _work(self, stage: Stage, number: int, replica: int) -> None:
         source, target = self._queues[number], self._queues[number + 1]
         while not self._stop.is_set():
-            try:
-                sequence, message, error = source.get(timeout=_POLL)
-            except queue.Empty:
-                continue
+            item = source.get()  # close() wakes idle workers with _WAKE
+            if item is _WAKE:
+                try:
+                    source.put_nowait(_WAKE)  # for the next idle worker of this stage
+                except queue.Full:
+                    pass
+                return
+            sequence, message, error = item
             if error is None:
                 try:
                     message = stage.run(message, replica)
@@ -348,6 +353,11 @@ class Pipeline:
                 return
             self._stop.set()
             threads, self._threads = self._threads, []
+        for stage_queue in self._queues[:-1]:  # idle workers pass the wake-up on to each other;
+            try:                                # a full queue has no idle worker: busy ones see the stop flag
+                stage_queue.put_nowait(_WAKE)
+            except queue.Full:
+                pass
         for thread in threads:
             thread.join(timeout=60)
             if thread.is_alive():
