@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -186,6 +187,9 @@ class NumpyExecutable(Executable):
         # a subgraph's feeds: its inputs and the outer-scope values it reads (not constants)
         self.outer_names = sorted(graph.outer_names() - set(self.constants) - set(self.input_names))
         self._limiter = _thread_limiter(options.threads)
+        if options.threads:
+            parallel.hold_blas()
+            weakref.finalize(self, parallel.release_blas)
         self._last_stats: dict[str, Any] = {}
 
     def _compile_node(self, node: Node, graph: Graph) -> Step:

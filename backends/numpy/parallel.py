@@ -56,18 +56,63 @@ class RunThreads:
         self.threads = max(1, int(threads))
 
     def __enter__(self) -> RunThreads:
-        libraries = _blas_libraries()
-        self.saved = (workers(), [library.num_threads for library in libraries])
-        for library in libraries:
-            library.set_num_threads(1)
+        global _active_runs
+        with _runs_lock:
+            _active_runs += 1
+        if _blas_at_one is not True:
+            _keep_blas_at_one()
+        self.saved = workers()
         _state.workers = self.threads
         return self
 
     def __exit__(self, *exc_info) -> None:
-        previous, counts = self.saved
-        _state.workers = previous
-        for library, count in zip(_blas_libraries(), counts):
-            library.set_num_threads(count)
+        global _active_runs
+        _state.workers = self.saved
+        with _runs_lock:
+            _active_runs -= 1
+
+
+# BLAS's thread count is process-wide. Runs keep it at one thread (``blas_for`` raises it for a
+# big GEMM while a run is alone), and it stays there between runs as long as an executable
+# that runs this way is alive (``hold_blas`` / ``release_blas``): setting it back to two after
+# every run woke OpenBLAS's pool each time, and runs in several threads then fought over it
+# (measured on 2 cores, two executables in two Python threads: 37-41 ms against 60-62 ms one
+# after another when BLAS stays at one thread; 90-98 ms when every run restored two). Two
+# callers of a 2-thread OpenBLAS fight over its pool too (20 GEMMs in two Python threads: 57 ms
+# at 2 BLAS threads, 19 ms at 1, 21 ms one after another).
+_runs_lock = threading.Lock()
+_active_runs = 0  # runs in progress, over all threads
+_holders = 0  # live executables that run with threads=
+_saved_blas: list[int] = []
+_blas_at_one: bool | None = None
+
+
+def _keep_blas_at_one() -> None:
+    global _blas_at_one
+    for library in _blas_libraries():
+        library.set_num_threads(1)
+    _blas_at_one = True
+
+
+def hold_blas() -> None:
+    """An executable that runs with ``threads=`` is alive: BLAS is this backend's until released."""
+    global _holders, _saved_blas
+    with _runs_lock:
+        if _holders == 0:
+            _saved_blas = [library.num_threads for library in _blas_libraries()]
+            _keep_blas_at_one()
+        _holders += 1
+
+
+def release_blas() -> None:
+    """The last such executable is gone: BLAS gets back the thread count it had before."""
+    global _holders, _blas_at_one
+    with _runs_lock:
+        _holders -= 1
+        if _holders == 0:
+            for library, count in zip(_blas_libraries(), _saved_blas):
+                library.set_num_threads(count)
+            _blas_at_one = None
 
 
 # GEMMs from this many multiply-adds on (over a millisecond on one thread: ResNet-50's convs
@@ -95,7 +140,7 @@ def blas_for(macs: int) -> contextlib.AbstractContextManager:
     of ``macs`` multiply-adds worth it (the run itself keeps BLAS at one thread); a shared
     no-op context otherwise, so small GEMMs pay next to nothing for asking."""
     count = workers()
-    if count <= 1 or macs < BLAS_SPLIT_MACS:
+    if count <= 1 or macs < BLAS_SPLIT_MACS or _active_runs > 1:  # never while another run is in BLAS
         return _NO_CHANGE
     return _blas_threads(count)
 
