@@ -36,7 +36,7 @@ import onnx
 import edgeinfer as ei
 from edgeinfer import zoo
 from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import time_engines
+from edgeinfer.benchmark import time_engines, time_interleaved
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.peers import Runner, raw_litert, raw_onnxruntime, raw_openvino
 
@@ -107,52 +107,63 @@ def parallel_sessions(proto: onnx.ModelProto, workers: int) -> Callable[[list[di
 
 
 def bench_stream(name: str, proto: onnx.ModelProto, model: ei.Model, *, threads: int, requests: int,
-                 rounds: int) -> dict[str, Any]:
+                 rounds: int, cache: Path) -> dict[str, Any]:
     batch = [zoo.example_inputs(proto, seed=s) for s in range(8)]
     stream_requests = [batch[i % len(batch)] for i in range(requests)]
     raw = raw_onnxruntime(proto, threads)
     parallel = parallel_sessions(proto, threads)
-    planned = ei.Session(model, backend="onnxruntime", threads=threads)
-    plan = planned.pipeline_plan(batch[0], stages="auto")
-    two = ei.Session(model, backend="onnxruntime", threads=threads)
-    pipe_plan = two.pipeline_plan(batch[0], stages=2, replicas=1)
+    sessions = {
+        "edgeinfer stream, planner (onnxruntime)": (ei.Session(model, backend="onnxruntime", threads=threads),
+                                                     {"stages": "auto"}),
+        "edgeinfer stream, planner (backend=auto)": (ei.Session(model, backend="auto", threads=threads, cache=cache),
+                                                      {"stages": "auto"}),
+        "edgeinfer stream, 2 stages, no replicas (onnxruntime)": (
+            ei.Session(model, backend="onnxruntime", threads=threads), {"stages": 2, "replicas": 1}),
+    }
+    plans = {label: session.pipeline_plan(batch[0], **choice).describe() for label, (session, choice) in sessions.items()}
 
-    def drain(session: ei.Session, **choice: Any) -> None:
+    def drain(session: ei.Session, choice: dict) -> None:
         for _ in session.stream(stream_requests, **choice):
             pass
 
-    runs = {
-        "raw onnxruntime sequential": lambda: [raw(f) for f in stream_requests],
-        f"raw onnxruntime {threads}x1-thread sessions": lambda: parallel(stream_requests),
-        "edgeinfer stream (planner)": lambda: drain(planned, stages="auto"),
-        "edgeinfer stream (2 stages, no replicas)": lambda: drain(two, stages=2, replicas=1),
-    }
-    ms = medians_ms(runs, rounds, warmup=1)
-    per_s = {k: requests / (v / 1000) for k, v in ms.items()}
+    runs = {"raw onnxruntime sequential": lambda: [raw(f) for f in stream_requests],
+            f"raw onnxruntime {threads}x1-thread sessions": lambda: parallel(stream_requests)}
+    runs.update({label: (lambda s=session, c=choice: drain(s, c)) for label, (session, choice) in sessions.items()})
+    # whole streams, alternating round by round; each is long enough that the previous engine's
+    # threads have gone idle, so no settle calls are needed here
+    times = time_interleaved(runs, rounds=rounds, warmup=1)
+    per_s = {k: requests / statistics.median(v) for k, v in times.items()}
     baseline = per_s["raw onnxruntime sequential"]
     best_raw = max(baseline, per_s[f"raw onnxruntime {threads}x1-thread sessions"])
-    result = {"model": name, "requests": requests, "per_s": per_s, "plan": plan.describe(),
-              "two_stage_plan": pipe_plan.describe(),
-              "planner_vs_raw_sequential": per_s["edgeinfer stream (planner)"] / baseline,
-              "planner_vs_best_raw": per_s["edgeinfer stream (planner)"] / best_raw,
-              "two_stages_vs_raw_sequential": per_s["edgeinfer stream (2 stages, no replicas)"] / baseline}
-    planned.close()
-    two.close()
+    result = {"model": name, "requests": requests, "per_s": per_s, "plans": plans,
+              "auto_choice": "+".join(sessions["edgeinfer stream, planner (backend=auto)"][0].auto_choice.backends),
+              "vs_raw_sequential": {k: v / baseline for k, v in per_s.items() if k.startswith("edgeinfer")},
+              "vs_best_raw": {k: v / best_raw for k, v in per_s.items() if k.startswith("edgeinfer")}}
+    for session, _ in sessions.values():
+        session.close()
     return result
 
 
-def bench_dag(*, threads: int, rounds: int) -> dict[str, Any]:
-    proto = zoo.inception_net(size=160, width=64)
-    model = ei.convert(proto)
-    feeds = zoo.example_inputs(proto)
-    sessions = {f"{backend} {executor}": ei.Session(model, backend=backend, threads=threads, executor=executor)
-                for backend in ("onnxruntime", "numpy") for executor in ("sequential", "dag")}
-    ms = medians_ms({k: (lambda s=s: s.run(feeds)) for k, s in sessions.items()}, rounds)
-    parts = len(sessions["onnxruntime dag"].plan.parts)
-    for session in sessions.values():
-        session.close()
-    return {"model": "inception_net(size=160, width=64)", "median_ms": ms, "dag_parts": parts,
-            "speedup": {b: ms[f"{b} sequential"] / ms[f"{b} dag"] for b in ("onnxruntime", "numpy")}}
+DAG_NETS = ((64, 32), (160, 64))  # inception_net(size, width): small and larger branches
+
+
+def bench_dag(*, threads: int, rounds: int) -> list[dict[str, Any]]:
+    results = []
+    for size, width in DAG_NETS:
+        proto = zoo.inception_net(size=size, width=width)
+        model = ei.convert(proto)
+        feeds = zoo.example_inputs(proto)
+        sessions = {f"{backend} {executor}": ei.Session(model, backend=backend, threads=threads, executor=executor)
+                    for backend in ("onnxruntime", "numpy") for executor in ("sequential", "dag", "auto")}
+        ms = medians_ms({k: (lambda s=s, f=feeds: s.run(f)) for k, s in sessions.items()}, rounds)
+        results.append({
+            "model": f"inception_net(size={size}, width={width})", "median_ms": ms,
+            "dag_parts": len(sessions["onnxruntime dag"].plan.parts),
+            "auto_chose": {b: sessions[f"{b} auto"].executor for b in ("onnxruntime", "numpy")},
+            "dag_speedup": {b: ms[f"{b} sequential"] / ms[f"{b} dag"] for b in ("onnxruntime", "numpy")}})
+        for session in sessions.values():
+            session.close()
+    return results
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -170,18 +181,18 @@ def markdown(results: dict[str, Any]) -> str:
                      f"| {cell('edgeinfer onnxruntime')} ({r['overhead_vs_raw_onnxruntime']:+.1%}) "
                      f"| {cell('edgeinfer auto')} ({r['auto_choice']}, {r['auto_vs_fastest_raw']:+.1%}) |")
     if results["stream"]:
-        lines += ["", "| model (requests/s) | raw ORT sequential | raw ORT 1-thread sessions in parallel "
-                  "| edgeinfer stream, planner | edgeinfer 2 stages, no replicas | planner vs raw sequential |",
-                  "|---|---|---|---|---|---|"]
+        labels = list(results["stream"][0]["per_s"])
+        lines += ["", "| model (requests/s) | " + " | ".join(labels) + " | best edgeinfer vs raw sequential "
+                  "/ vs best raw |", "|---" * (len(labels) + 2) + "|"]
         for r in results["stream"]:
-            values = list(r["per_s"].values())
-            lines.append(f"| {r['model']} | " + " | ".join(f"{v:.1f}" for v in values)
-                         + f" | {r['planner_vs_raw_sequential']:.2f}x |")
-    if results["dag"]:
-        d = results["dag"]
-        lines += ["", f"DAG executor on {d['model']} ({d['dag_parts']} parts): "
-                  + ", ".join(f"{k} {v:.2f} ms" for k, v in d["median_ms"].items())
-                  + "; speed-up " + ", ".join(f"{k} {v:.2f}x" for k, v in d["speedup"].items())]
+            best = max(r["vs_raw_sequential"], key=r["vs_raw_sequential"].get)
+            lines.append(f"| {r['model']} | " + " | ".join(f"{r['per_s'][k]:.1f}" for k in labels)
+                         + f" | {r['vs_raw_sequential'][best]:.2f}x / {r['vs_best_raw'][best]:.2f}x |")
+    for d in results["dag"]:
+        lines += ["", f"DAG executor on {d['model']} ({d['dag_parts']} parts), median ms: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in d["median_ms"].items())
+                  + "; dag speed-up " + ", ".join(f"{k} {v:.2f}x" for k, v in d["dag_speedup"].items())
+                  + "; executor='auto' chose " + ", ".join(f"{k}: {v}" for k, v in d["auto_chose"].items())]
     return "\n".join(lines)
 
 
@@ -197,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"threads": args.threads, "machine": machine_facts(), "latency": [], "stream": [],
-                               "dag": None}
+                               "dag": []}
     with tempfile.TemporaryDirectory() as cache:
         for name in args.models:
             proto = MODELS[name]()
@@ -210,14 +221,16 @@ def main(argv: list[str] | None = None) -> None:
             if "stream" not in args.skip:
                 print(f"{name}: stream ...", flush=True)
                 results["stream"].append(bench_stream(name, proto, model, threads=args.threads,
-                                                      requests=args.requests, rounds=args.stream_rounds))
+                                                      requests=args.requests, rounds=args.stream_rounds,
+                                                      cache=Path(cache)))
     if "dag" not in args.skip:
         print("inception: DAG ...", flush=True)
         results["dag"] = bench_dag(threads=args.threads, rounds=args.rounds)
     text = markdown(results)
     print(text)
     for r in results["stream"]:
-        print(f"\n{r['model']} planner's plan:\n{r['plan']}")
+        for label, plan in r["plans"].items():
+            print(f"\n{r['model']}, {label} (auto chose {r['auto_choice']}):\n{plan}")
     if args.json:
         atomic_write_bytes(args.json, json.dumps(results, indent=1, default=str).encode())
     if args.markdown:
