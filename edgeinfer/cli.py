@@ -78,11 +78,12 @@ def main() -> None:
               help="For --verify: save the first diverging node as a minimal ONNX model with its inputs here.")
 @click.option("--backend", default="numpy", show_default=True, help="For --verify: the backend edgeinfer runs on.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
+@click.option("--strict", is_flag=True, help="Refuse weights that hold NaN or infinities (default: a warning).")
 @quantize_options
 @handle_errors
 def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
             dynamic_batch: bool, optimize: int, report: bool, verify: bool, tolerance: float | None,
-            repro_dir: Path | None, backend: str, quiet: bool, quantization: dict | None) -> None:
+            repro_dir: Path | None, backend: str, quiet: bool, strict: bool, quantization: dict | None) -> None:
     """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file.
 
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
@@ -104,7 +105,8 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     started = time.perf_counter()
     passes: list = []
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
-        model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, **options)
+        model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, strict=strict,
+                           **options)
     model = apply_quantization(model, quantization)  # calibration draws its own progress bar
     seconds = time.perf_counter() - started
     if report:

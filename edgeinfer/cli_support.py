@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 from typing import Any
 
 import click
@@ -29,6 +30,7 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        warnings.showwarning = _one_line_warning
         try:
             return fn(*args, **kwargs)
         except EdgeInferError as exc:
@@ -47,6 +49,11 @@ def handle_errors(fn):
             sys.exit(EXIT_BUG)
 
     return wrapper
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings on the command line: one line on stderr, no source line."""
+    click.echo(f"warning: {' '.join(str(message).split())}", err=True)
 
 
 def one_line(exc: BaseException) -> str:

@@ -154,3 +154,19 @@ def test_run_json_summarizes_the_outputs_it_also_writes(tmp_path, onnx_file):
     assert document["outputs"]["y"]["shape"] == list(y.shape)
     assert document["outputs"]["y"]["mean"] == pytest.approx(float(y.mean()))
     assert document["runs"] == 3 and document["latency_ms"]["min"] <= document["latency_ms"]["max"]
+
+
+def test_convert_strict_refuses_non_finite_weights_and_warns_without(tmp_path):
+    weight = np.ones((4, 4), np.float32)
+    weight[0, 0] = np.nan
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+                              [onnx.numpy_helper.from_array(weight, "w")])
+    path = tmp_path / "nan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    refused = CliRunner().invoke(main, ["convert", str(path), "-o", str(tmp_path / "a.eim"), "--strict", "-q"])
+    assert refused.exit_code == 2 and "hold NaN or infinite values" in refused.output
+    assert not (tmp_path / "a.eim").exists()
+    warned = CliRunner().invoke(main, ["convert", str(path), "-o", str(tmp_path / "b.eim"), "-q"])
+    assert warned.exit_code == 0 and "warning: " in warned.output and (tmp_path / "b.eim").is_file()
