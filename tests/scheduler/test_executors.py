@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,12 +13,9 @@ from edgeinfer.errors import BackendError, SchedulerError
 from edgeinfer.testing import assert_close, parse_model
 
 from .backends import FAIL_MARK, FaultyBackend
+from .threads import edgeinfer_threads
 
 RTOL, ATOL = 1e-4, 1e-5  # onnxruntime vs numpy: different summation orders
-
-
-def edgeinfer_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("edgeinfer-")]
 
 
 @pytest.fixture(scope="module")

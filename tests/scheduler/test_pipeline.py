@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import threading
 import time
 import tracemalloc
 
@@ -18,12 +17,9 @@ from edgeinfer.scheduler.planner import crossing_bytes, replicate, split, throug
 from edgeinfer.testing import assert_close
 
 from .backends import FAIL_MARK, SLOW_MARK, FaultyBackend
+from .threads import edgeinfer_threads
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def edgeinfer_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("edgeinfer-")]
 
 
 @pytest.fixture(scope="module")

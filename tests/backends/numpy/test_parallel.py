@@ -121,14 +121,21 @@ def _blas_threads() -> list[int]:
 
 
 def test_a_run_keeps_blas_at_one_thread_except_for_big_gemms_and_restores_it():
+    """While an executable with threads= is alive, BLAS stays at one thread between runs too
+    (restoring it after each run woke OpenBLAS's pool); the last one gone restores it."""
     if not _blas_threads():
         pytest.skip("numpy is not linked to a BLAS that threadpoolctl can see")
     before = _blas_threads()
-    with parallel.RunThreads(2):
-        assert _blas_threads() == [1] * len(before) and parallel.workers() == 2
-        with parallel.blas_for(parallel.BLAS_SPLIT_MACS):
-            assert _blas_threads() == [2] * len(before)
-        with parallel.blas_for(parallel.BLAS_SPLIT_MACS - 1):
+    parallel.hold_blas()
+    try:
+        with parallel.RunThreads(2):
+            assert _blas_threads() == [1] * len(before) and parallel.workers() == 2
+            with parallel.blas_for(parallel.BLAS_SPLIT_MACS):
+                assert _blas_threads() == [2] * len(before)
+            with parallel.blas_for(parallel.BLAS_SPLIT_MACS - 1):
+                assert _blas_threads() == [1] * len(before)
             assert _blas_threads() == [1] * len(before)
-        assert _blas_threads() == [1] * len(before)
-    assert _blas_threads() == before and parallel.workers() == 1
+        assert _blas_threads() == [1] * len(before) and parallel.workers() == 1  # between runs
+    finally:
+        parallel.release_blas()
+    assert _blas_threads() == before
