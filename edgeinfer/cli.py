@@ -107,7 +107,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
         model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, strict=strict,
                            **options)
-    model = apply_quantization(model, quantization)  # calibration draws its own progress bar
+    model = apply_quantization(model, quantization, quiet=quiet)  # calibration draws its own progress bar
     seconds = time.perf_counter() - started
     if report:
         _print_pass_report(passes)
@@ -525,9 +525,6 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 
 
 main.add_command(quantize_command)
-if quantize_command.help and "Example:" not in quantize_command.help:  # the command lives in edgeinfer/quantize/cli.py
-    quantize_command.help += ("\n\nExample: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 "
-                              "--std 0.229,0.224,0.225 -o model.int8.eim")
 
 if __name__ == "__main__":
     main()

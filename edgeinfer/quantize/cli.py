@@ -66,7 +66,8 @@ def _calibration_options(fn):
 
 def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
-              exclude: tuple[str, ...], **extra: Any):
+              exclude: tuple[str, ...], quiet: bool = False, **extra: Any):
+    from edgeinfer.progress import shows_progress
     from edgeinfer.quantize import quantize
 
     if mode == "int8" and calib is None and not calib_random:
@@ -77,7 +78,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
     return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
-                    progress=True, size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"), **extra)
+                    progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"), **extra)
 
 
 def quantize_options(fn):
@@ -96,12 +97,13 @@ def quantize_options(fn):
                              "or fp16 weight storage.")(wrapper)
 
 
-def apply_quantization(model, quantization: dict[str, Any] | None):
-    """The model ``convert`` should save: ``model`` itself, or quantized per ``--quantize``."""
+def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: bool = False):
+    """The model ``convert`` should save: ``model`` itself, or quantized per ``--quantize``
+    (with a calibration progress bar unless ``quiet``)."""
     if quantization is None:
         return model
     settings = dict(quantization)
-    return _quantize(model, settings.pop("mode"), **settings)
+    return _quantize(model, settings.pop("mode"), quiet=quiet, **settings)
 
 
 @click.command("quantize")
@@ -118,10 +120,14 @@ def apply_quantization(model, quantization: dict[str, Any] | None):
               help="Labelled evaluation set: an .npz with the input array(s) (by input name) and 'labels'.")
 @click.option("--report", type=click.Path(path_type=Path),
               help="Print a per-layer SQNR/cosine table and write its plot to this .png.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @handle_errors
 def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, max_accuracy_drop: float | None,
-                     evaluation: Path | None, report: Path | None, **calibration: Any) -> None:
-    """Quantize MODEL (.eim or any convertible model) and write an .eim file."""
+                     evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
+    """Quantize MODEL (.eim or any convertible model) and write an .eim file.
+
+    Example: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o model.int8.eim
+    """
     from edgeinfer.api import load_any
 
     if output.suffix.lower() != ".eim":
@@ -135,7 +141,7 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
     if max_accuracy_drop is not None:
         extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
     kind = "fp16" if weight_format == "fp16" else ("dynamic" if mode == "dynamic" else "int8")
-    quantized = _quantize(model, kind, **calibration, **extra)
+    quantized = _quantize(model, kind, quiet=quiet, **calibration, **extra)
     quantized.save(output)
     before = sum(a.nbytes for a in model.graph.initializers.values())
     after = sum(a.nbytes for a in quantized.graph.initializers.values())
