@@ -100,7 +100,7 @@ def hold_blas() -> None:
     with _runs_lock:
         if _holders == 0:
             _saved_blas = [library.num_threads for library in _blas_libraries()]
-            _keep_blas_at_one()
+        _keep_blas_at_one()  # also when someone else has raised it since
         _holders += 1
 
 
