@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,14 @@ _BACKEND_MODULES = {
 }
 DEVICES = ("cpu", "gpu", "npu")
 log = logging.getLogger("edgeinfer.backend")
+
+
+def check_option_names(backend: str, engine_options: Mapping[str, Any], allowed: Sequence[str]) -> dict[str, Any]:
+    """A backend's engine options as a dict, or ``BackendError`` naming the unknown ones."""
+    unknown = sorted(set(engine_options) - set(allowed))
+    if unknown:
+        raise BackendError(f"{backend} backend: unknown engine option(s) {unknown}; expected some of {list(allowed)}")
+    return dict(engine_options)
 
 
 def available_backends() -> list[str]:

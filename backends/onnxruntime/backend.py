@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
-from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
+from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes
 
 from .lowerings import find_lowering, lower_graph
 
@@ -158,16 +158,7 @@ def _export(graph: Graph) -> tuple[onnx.ModelProto, dict[str, Node], list[str], 
     """The model to hand to onnxruntime, node name -> IR node, and the external initializers
     (names and C-contiguous arrays) that onnxruntime will read in place."""
     model = graph_to_model(graph, include_initializers=False, value_info=False)
-    taken = {node.name for node in graph.nodes if node.name}
-    node_names: dict[str, Node] = {}
-    for index, (proto, node) in enumerate(zip(model.graph.node, graph.nodes, strict=True)):
-        if not node.name or node.name in node_names:
-            candidate = f"{node.op_type}_{index}"
-            while candidate in taken:
-                candidate += "_"
-            taken.add(candidate)
-            proto.name = candidate
-        node_names[proto.name] = node
+    node_names = name_exported_nodes(model, graph)
     names: list[str] = []
     values: list[np.ndarray] = []
     for name, array in graph.initializers.items():
@@ -236,10 +227,7 @@ def _drop_missing(engine: Mapping[str, Any], available: Sequence[str], fallback:
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
-    if unknown:
-        raise BackendError(f"onnxruntime backend: unknown engine option(s) {unknown}; expected some of "
-                           f"{list(ENGINE_OPTIONS)}")
+    engine_options = check_option_names("onnxruntime", engine_options, ENGINE_OPTIONS)
     level = engine_options.get("optimization_level")
     if level is not None and level not in OPTIMIZATION_LEVELS:
         raise BackendError(f"onnxruntime backend: optimization_level {level!r}: expected one of "

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN
@@ -199,10 +199,7 @@ def _supported_properties(device_name: str) -> set[str]:
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
-    if unknown:
-        raise BackendError(f"openvino backend: unknown engine option(s) {unknown}; expected some of "
-                           f"{list(ENGINE_OPTIONS)}")
+    engine_options = check_option_names("openvino", engine_options, ENGINE_OPTIONS)
     hint = engine_options.get("performance_hint")
     if hint is not None and (not isinstance(hint, str) or hint.upper() not in PERFORMANCE_HINTS):
         raise BackendError(f"openvino backend: performance_hint {hint!r}: expected one of {list(PERFORMANCE_HINTS)}")

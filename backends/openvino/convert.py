@@ -28,7 +28,7 @@ import onnx
 
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node, Value
-from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
+from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes
 
 EXTERNAL_MIN_BYTES = 16 * 1024  # smaller initializers stay in the protobuf (shape tensors, biases)
 MEMORY_LOCATION = "*/_ORT_MEM_ADDR_/*"
@@ -74,17 +74,9 @@ def export(graph: Graph, *, in_memory_weights: bool | None = None) -> tuple[byte
 
 
 def _name_nodes(model: onnx.ModelProto, graph: Graph) -> dict[str, Node]:
-    """Give every exported node a unique name, so that OpenVINO's messages can name it."""
-    taken = {node.name for node in graph.nodes if node.name}
-    names: dict[str, Node] = {}
-    for index, (proto, node) in enumerate(zip(model.graph.node, graph.nodes, strict=True)):
-        if not node.name or node.name in names:
-            candidate = f"{node.op_type}_{index}"
-            while candidate in taken:
-                candidate += "_"
-            taken.add(candidate)
-            proto.name = candidate
-        names[proto.name] = node
+    """Exported node names (unique, so OpenVINO's messages can name a node) and value names ->
+    IR node: OpenVINO's errors name either."""
+    names = name_exported_nodes(model, graph)
     for node in graph.nodes:
         for output in node.outputs:
             if output:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError, EdgeInferError
 from edgeinfer.format.tflite import export_tflite, node_support
 from edgeinfer.ir import Graph, Node
@@ -149,9 +149,7 @@ class TFLiteBackend(Backend):
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(engine_options) - set(ENGINE_OPTIONS))
-    if unknown:
-        raise BackendError(f"tflite backend: unknown engine option(s) {unknown}; expected some of {list(ENGINE_OPTIONS)}")
+    engine_options = check_option_names("tflite", engine_options, ENGINE_OPTIONS)
     resolver = engine_options.get("op_resolver")
     if resolver is not None and resolver not in OP_RESOLVERS:
         raise BackendError(f"tflite backend: op_resolver {resolver!r}: expected one of {list(OP_RESOLVERS)}")

@@ -244,3 +244,19 @@ def _all_nodes(graph: Graph):
         yield node
         for sub in node.subgraphs():
             yield from _all_nodes(sub)
+
+
+def name_exported_nodes(model: onnx.ModelProto, graph: Graph) -> dict[str, Node]:
+    """Give every node of ``model`` (exported from ``graph``, node for node) a unique name, so an
+    engine's error messages can name it; returns exported name -> IR node."""
+    taken = {node.name for node in graph.nodes if node.name}
+    names: dict[str, Node] = {}
+    for index, (proto, node) in enumerate(zip(model.graph.node, graph.nodes, strict=True)):
+        if not node.name or node.name in names:
+            candidate = f"{node.op_type}_{index}"
+            while candidate in taken:
+                candidate += "_"
+            taken.add(candidate)
+            proto.name = candidate
+        names[proto.name] = node
+    return names
