@@ -80,7 +80,7 @@ class RunThreads:
 # after another when BLAS stays at one thread; 90-98 ms when every run restored two). Two
 # callers of a 2-thread OpenBLAS fight over its pool too (20 GEMMs in two Python threads: 57 ms
 # at 2 BLAS threads, 19 ms at 1, 21 ms one after another).
-_runs_lock = threading.Lock()
+_runs_lock = threading.RLock()  # re-entrant: release_blas runs from weakref finalizers, which GC may call while it is held
 _active_runs = 0  # runs in progress, over all threads
 _holders = 0  # live executables that run with threads=
 _saved_blas: list[int] = []
