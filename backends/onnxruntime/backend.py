@@ -24,7 +24,7 @@ import onnx
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
-from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes
+from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes, schema_reason
 
 from .lowerings import find_lowering, lower_graph
 
@@ -122,12 +122,7 @@ class OnnxRuntimeBackend(Backend):
         if node.domain not in _STANDARD_DOMAINS:
             return (f"op {node.domain}::{node.op_type} is outside the standard ONNX domains and has no "
                     "onnxruntime lowering")
-        version = graph.opset.get(node.domain, onnx.defs.onnx_opset_version())
-        try:
-            onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
-        except onnx.defs.SchemaError:
-            return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
-        return None
+        return schema_reason(node, graph)
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> OnnxRuntimeExecutable:
         options = options or CompileOptions()

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import onnx
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN
 from edgeinfer.ir.lowering import find_lowering, lower_graph
+from edgeinfer.ir.onnx_io import schema_reason
 
 from .convert import backend_error, export, memory_external_data_supported, read_onnx
 from .support import node_reason
@@ -229,12 +229,7 @@ def _schema_reason(node: Node, graph: Graph) -> str | None:
     """The cheap check first: an op outside ONNX, or not defined at the graph's opset."""
     if node.domain not in _STANDARD_DOMAINS:
         return None  # OpenVINO's frontend also knows some vendor domains: the probe decides
-    version = graph.opset.get(node.domain, onnx.defs.onnx_opset_version())
-    try:
-        onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
-    except onnx.defs.SchemaError:
-        return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
-    return None
+    return schema_reason(node, graph)
 
 
 def _float64_reason(node: Node, graph: Graph) -> str | None:

@@ -260,3 +260,13 @@ def name_exported_nodes(model: onnx.ModelProto, graph: Graph) -> dict[str, Node]
             proto.name = candidate
         names[proto.name] = node
     return names
+
+
+def schema_reason(node: Node, graph: Graph) -> str | None:
+    """None if ONNX defines ``node``'s op at the graph's opset of its domain, else why not."""
+    version = graph.opset.get(node.domain, onnx.defs.onnx_opset_version())
+    try:
+        onnx.defs.get_schema(node.op_type, max_inclusive_version=version, domain=node.domain)
+    except onnx.defs.SchemaError:
+        return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
+    return None
