@@ -24,7 +24,13 @@ import onnx
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
-from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes, schema_reason
+from edgeinfer.ir.onnx_io import (
+    array_to_tensor,
+    external_placeholder,
+    graph_to_model,
+    name_exported_nodes,
+    schema_reason,
+)
 
 from .lowerings import find_lowering, lower_graph
 
@@ -167,14 +173,8 @@ def _export(graph: Graph) -> tuple[onnx.ModelProto, dict[str, Node], list[str], 
 
 
 def _external_placeholder(name: str, array: np.ndarray) -> onnx.TensorProto:
-    tensor = onnx.TensorProto()
-    tensor.name = name
-    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
-    tensor.dims.extend(array.shape)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    entry = tensor.external_data.add()
-    entry.key, entry.value = "location", "edgeinfer-in-memory"  # never read: supplied at session build
-    return tensor
+    # never read: the array itself is supplied at session build (add_external_initializers)
+    return external_placeholder(name, array, {"location": "edgeinfer-in-memory"})
 
 
 def device_providers(available: Sequence[str], device: str, fallback: bool = False) -> list[Any]:

@@ -28,7 +28,7 @@ import onnx
 
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node, Value
-from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model, name_exported_nodes
+from edgeinfer.ir.onnx_io import array_to_tensor, external_placeholder, graph_to_model, name_exported_nodes
 
 EXTERNAL_MIN_BYTES = 16 * 1024  # smaller initializers stay in the protobuf (shape tensors, biases)
 MEMORY_LOCATION = "*/_ORT_MEM_ADDR_/*"
@@ -85,16 +85,8 @@ def _name_nodes(model: onnx.ModelProto, graph: Graph) -> dict[str, Node]:
 
 
 def _memory_placeholder(name: str, buffer: np.ndarray) -> onnx.TensorProto:
-    tensor = onnx.TensorProto()
-    tensor.name = name
-    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(buffer.dtype)
-    tensor.dims.extend(buffer.shape)
-    tensor.data_location = onnx.TensorProto.EXTERNAL
-    for key, value in (("location", MEMORY_LOCATION), ("offset", str(buffer.ctypes.data)),
-                       ("length", str(buffer.nbytes))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
-    return tensor
+    return external_placeholder(name, buffer, {"location": MEMORY_LOCATION, "offset": str(buffer.ctypes.data),
+                                               "length": str(buffer.nbytes)})
 
 
 def read_onnx(model_bytes: bytes) -> Any:

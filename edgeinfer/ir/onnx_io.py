@@ -270,3 +270,17 @@ def schema_reason(node: Node, graph: Graph) -> str | None:
     except onnx.defs.SchemaError:
         return f"op {node.op_type!r} is not defined by ONNX at opset {version} of domain {node.domain or 'ai.onnx'!r}"
     return None
+
+
+def external_placeholder(name: str, array: np.ndarray, location: Mapping[str, str]) -> onnx.TensorProto:
+    """An initializer whose data an engine gets elsewhere (``location``: its external_data
+    entries), of ``array``'s type and shape: weights handed over in memory, not serialized."""
+    tensor = onnx.TensorProto()
+    tensor.name = name
+    tensor.data_type = onnx.helper.np_dtype_to_tensor_dtype(array.dtype)
+    tensor.dims.extend(array.shape)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in location.items():
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
