@@ -7,7 +7,7 @@ elsewhere on the machine hits all of them alike. Used by the scripts in ``benchm
 Engines keep worker threads that spin for a while after a call (onnxruntime's intra-op pool,
 OpenVINO's TBB arena, OpenBLAS): on a machine with few cores, the next contender then runs
 beside a spinning pool and looks slower than it is (measured on 2 cores: OpenVINO 3.4 ms alone,
-7.0 ms when every call alternates with onnxruntime). ``block`` calls per turn, after ``settle``
+7.0 ms when every call alternates with onnxruntime; ``benchmarks/bench_timing_effects.py``). ``block`` calls per turn, after ``settle``
 untimed ones, let the previous engine's threads go idle before anything is timed, while the
 rounds still alternate. Compare engines with ``block >= 5, settle >= 1``.
 """

@@ -75,11 +75,10 @@ class RunThreads:
 # BLAS's thread count is process-wide. Runs keep it at one thread (``blas_for`` raises it for a
 # big GEMM while a run is alone), and it stays there between runs as long as an executable
 # that runs this way is alive (``hold_blas`` / ``release_blas``): setting it back to two after
-# every run woke OpenBLAS's pool each time, and runs in several threads then fought over it
-# (measured on 2 cores, two executables in two Python threads: 37-41 ms against 60-62 ms one
-# after another when BLAS stays at one thread; 90-98 ms when every run restored two). Two
-# callers of a 2-thread OpenBLAS fight over its pool too (20 GEMMs in two Python threads: 57 ms
-# at 2 BLAS threads, 19 ms at 1, 21 ms one after another).
+# every run woke OpenBLAS's pool each time, and runs in several threads then fought over it, as
+# do two callers of a multi-threaded OpenBLAS. With BLAS kept at one thread, two executables in
+# two Python threads take 35-41 ms against 56-62 ms one after another (2 cores;
+# ``benchmarks/bench_timing_effects.py --only concurrent``).
 _runs_lock = threading.RLock()  # re-entrant: release_blas runs from weakref finalizers, which GC may call while it is held
 _active_runs = 0  # runs in progress, over all threads
 _holders = 0  # live executables that run with threads=

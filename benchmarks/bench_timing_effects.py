@@ -1,0 +1,149 @@
+"""The machine effects behind the scheduler's design choices and its reported limits, measured.
+
+1. ``interleave``: OpenVINO on MobileNetV2 alone, with every call alternating with onnxruntime,
+   and in blocks (``edgeinfer.benchmark.time_engines``): why engines are timed in blocks.
+2. ``scaling``: onnxruntime on MobileNetV2 at 1 and 2 intra-op threads: the ceiling of any
+   2-core stream speed-up that overlaps batch-1 requests (two 1-thread sessions at best).
+3. ``split``: onnxruntime on an inception-style net as one session and as the DAG executor's
+   branch parts run one after another on one thread, and onnxruntime's own ORT_PARALLEL mode:
+   what cutting a graph at its forks costs that engine.
+4. ``concurrent``: two numpy executables run in two threads against one after another (BLAS
+   kept at one thread while executables are alive).
+5. ``variance``: several identical onnxruntime sessions on the encoder block, timed in blocks
+   over repeated rounds: how far apart identical contenders land at 1-2 ms on this machine.
+
+Usage::
+
+    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent variance]
+        [--calls 40] [--json effects.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import onnxruntime as ort
+
+import edgeinfer as ei
+from edgeinfer import scheduler, zoo
+from edgeinfer.backend import CompileOptions, get_backend
+from edgeinfer.bench import machine_facts
+from edgeinfer.benchmark import time_engines, time_interleaved
+from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.peers import raw_onnxruntime, raw_openvino
+
+
+def median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1000, 3)
+
+
+def interleave(calls: int) -> dict[str, float]:
+    proto = zoo.mobilenet_v2()
+    feeds = zoo.example_inputs(proto)
+    ov, onnxrt = raw_openvino(proto, 2), raw_onnxruntime(proto, 2)
+    runs = {"openvino": lambda: ov(feeds), "onnxruntime": lambda: onnxrt(feeds)}
+    alone = time_interleaved({"openvino": runs["openvino"]}, rounds=calls, warmup=3)
+    per_call = time_interleaved(runs, rounds=calls, warmup=3)
+    blocks = time_engines(runs, calls=calls, warmup=3)
+    return {"openvino alone": median_ms(alone["openvino"]),
+            "openvino, calls alternating with onnxruntime": median_ms(per_call["openvino"]),
+            "openvino, blocks (time_engines)": median_ms(blocks["openvino"])}
+
+
+def scaling(calls: int) -> dict[str, float]:
+    proto = zoo.mobilenet_v2()
+    feeds = zoo.example_inputs(proto)
+    one, two = raw_onnxruntime(proto, 1), raw_onnxruntime(proto, 2)
+    times = time_engines({"1 thread": lambda: one(feeds), "2 threads": lambda: two(feeds)}, calls=calls, warmup=3)
+    result = {name: median_ms(samples) for name, samples in times.items()}
+    result["2-thread speed-up"] = round(result["1 thread"] / result["2 threads"], 2)
+    return result
+
+
+def split(calls: int) -> dict[str, float]:
+    proto = zoo.inception_net(size=160, width=64)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto)
+    backends = scheduler.make_backends(["onnxruntime", "numpy"])
+    whole = scheduler.build_executor(scheduler.make_plan(model.graph, backends), backends, threads=1)
+    parts_plan = scheduler.make_plan(model.graph, backends, branches=True)
+    parts = scheduler.build_executor(parts_plan, backends, threads=1)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 2
+    options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    parallel_session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    sequential = raw_onnxruntime(proto, 2)
+    times = time_engines({
+        "one session, 1 thread": lambda: whole.run(feeds),
+        f"{len(parts_plan.parts)} branch parts one after another, 1 thread": lambda: parts.run(feeds),
+        "raw onnxruntime, 2 intra-op threads": lambda: sequential(feeds),
+        "raw onnxruntime ORT_PARALLEL, 2 inter-op threads": lambda: parallel_session.run(None, feeds)},
+        calls=calls, warmup=3)
+    return {name: median_ms(samples) for name, samples in times.items()}
+
+
+def concurrent(calls: int) -> dict[str, float]:
+    proto = zoo.cnn_residual_depthwise(size=96, channels=64)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto)
+    numpy_backend = get_backend("numpy")
+    first, second = (numpy_backend.compile(model.graph, CompileOptions(threads=1)) for _ in range(2))
+
+    def after_another() -> None:
+        first.run(feeds)
+        second.run(feeds)
+
+    def side_by_side() -> None:
+        helper = threading.Thread(target=second.run, args=(feeds,))
+        helper.start()
+        first.run(feeds)
+        helper.join()
+
+    times = time_interleaved({"one after another": after_another, "two threads": side_by_side},
+                             rounds=calls, warmup=2)
+    return {f"two numpy runs, {name}": median_ms(samples) for name, samples in times.items()}
+
+
+def variance(calls: int, sessions: int = 3, repeats: int = 3) -> dict[str, Any]:
+    proto = zoo.transformer_encoder_block(seq=128, d=256, heads=4)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto)
+    same = [ei.Session(model, backend="onnxruntime", threads=2) for _ in range(sessions)]
+    medians: dict[str, list[float]] = {f"session {i}": [] for i in range(sessions)}
+    for _ in range(repeats):
+        times = time_engines({f"session {i}": (lambda s=s: s.run(feeds)) for i, s in enumerate(same)},
+                             calls=calls, warmup=2)
+        for name, samples in times.items():
+            medians[name].append(median_ms(samples))
+    every = [m for values in medians.values() for m in values]
+    return {"medians per session and round (ms)": medians, "lowest": min(every), "highest": max(every),
+            "spread": round(max(every) / min(every) - 1, 3)}
+
+
+EFFECTS = {"interleave": interleave, "scaling": scaling, "split": split, "concurrent": concurrent,
+           "variance": variance}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(EFFECTS), default=list(EFFECTS))
+    parser.add_argument("--calls", type=int, default=40, help="timed calls per contender")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"machine": machine_facts()}
+    for name in args.only:
+        start = time.perf_counter()
+        results[name] = EFFECTS[name](args.calls)
+        print(f"{name} ({time.perf_counter() - start:.0f} s): {json.dumps(results[name])}", flush=True)
+    if args.json:
+        atomic_write_bytes(args.json, json.dumps(results, indent=1, default=str).encode())
+
+
+if __name__ == "__main__":
+    main()
