@@ -17,7 +17,7 @@ timed beside another engine's spinning threads) so machine noise hits them alike
 Usage::
 
     python benchmarks/bench_scheduler.py [--models mobilenet_v2 resnet50 transformer]
-        [--threads 2] [--rounds 30] [--requests 60] [--json results.json] [--markdown out.md]
+        [--threads 2] [--rounds 100] [--requests 60] [--json results.json] [--markdown out.md]
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=30, help="interleaved latency rounds")
+    parser.add_argument("--rounds", type=int, default=100, help="timed calls per contender (latency, DAG)")
     parser.add_argument("--requests", type=int, default=60, help="requests per stream round")
     parser.add_argument("--stream-rounds", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], choices=["latency", "stream", "dag"])

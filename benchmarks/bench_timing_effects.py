@@ -9,12 +9,16 @@
    what cutting a graph at its forks costs that engine.
 4. ``concurrent``: two numpy executables run in two threads against one after another (BLAS
    kept at one thread while executables are alive).
-5. ``variance``: several identical onnxruntime sessions on the encoder block, timed in blocks
-   over repeated rounds: how far apart identical contenders land at 1-2 ms on this machine.
+5. ``switch``: two identical onnxruntime sessions on the encoder block; after a stretch of
+   calls on one, the other's first calls, one by one: how long the first session's spinning
+   workers slow the next engine (why ``time_engines`` settles for a time, not a call count).
+6. ``variance``: several identical onnxruntime sessions on the encoder block, timed in blocks
+   over repeated rounds, with two settle calls per turn (the old rule) and with the time-based
+   settle: how far apart identical contenders land at 1-2 ms on this machine.
 
 Usage::
 
-    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent variance]
+    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent switch variance]
         [--calls 40] [--json effects.json]
 """
 
@@ -34,7 +38,7 @@ import edgeinfer as ei
 from edgeinfer import scheduler, zoo
 from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import time_engines, time_interleaved
+from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.peers import raw_onnxruntime, raw_openvino
 
@@ -110,24 +114,57 @@ def concurrent(calls: int) -> dict[str, float]:
     return {f"two numpy runs, {name}": median_ms(samples) for name, samples in times.items()}
 
 
+def switch(calls: int, switches: int = 40) -> dict[str, Any]:
+    proto = zoo.transformer_encoder_block(seq=128, d=256, heads=4)
+    feeds = zoo.example_inputs(proto)
+    first, second = raw_onnxruntime(proto, 2), raw_onnxruntime(proto, 2)
+    for _ in range(5):
+        first(feeds)
+        second(feeds)
+    rows = []
+    for _ in range(switches):
+        for _ in range(20):
+            first(feeds)
+        row = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            second(feeds)
+            row.append(time.perf_counter() - start)
+        rows.append(row)
+    by_call = [median_ms([row[i] for row in rows]) for i in range(calls)]
+    steady = statistics.median(by_call[calls // 2:])
+    disturbed = [i for i, value in enumerate(by_call) if value > 1.1 * steady]
+    return {"ms of the second session's call i after the switch (median over switches)": by_call,
+            "steady ms": steady, "last call over 10% above steady": max(disturbed, default=-1),
+            "ms until then": round(sum(by_call[:max(disturbed, default=-1) + 1]), 1)}
+
+
 def variance(calls: int, sessions: int = 3, repeats: int = 3) -> dict[str, Any]:
     proto = zoo.transformer_encoder_block(seq=128, d=256, heads=4)
     model = ei.convert(proto)
     feeds = zoo.example_inputs(proto)
     same = [ei.Session(model, backend="onnxruntime", threads=2) for _ in range(sessions)]
-    medians: dict[str, list[float]] = {f"session {i}": [] for i in range(sessions)}
-    for _ in range(repeats):
-        times = time_engines({f"session {i}": (lambda s=s: s.run(feeds)) for i, s in enumerate(same)},
-                             calls=calls, warmup=2)
-        for name, samples in times.items():
-            medians[name].append(median_ms(samples))
-    every = [m for values in medians.values() for m in values]
-    return {"medians per session and round (ms)": medians, "lowest": min(every), "highest": max(every),
-            "spread": round(max(every) / min(every) - 1, 3)}
+    runs = {f"session {i}": (lambda s=s: s.run(feeds)) for i, s in enumerate(same)}
+    result: dict[str, Any] = {}
+    rules = {"2 settle calls per turn": {"settle_s": 0.0}, "time_engines (settle by time)": {}}
+    for rule, settle in rules.items():
+        medians: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(repeats):
+            if settle:
+                times = time_interleaved(runs, rounds=max(2, -(-calls // ENGINE_BLOCK)), warmup=2, block=ENGINE_BLOCK,
+                                         settle=ENGINE_SETTLE, **settle)
+            else:
+                times = time_engines(runs, calls=calls, warmup=2)
+            for name, samples in times.items():
+                medians[name].append(median_ms(samples))
+        every = [m for values in medians.values() for m in values]
+        result[rule] = {"medians per session and round (ms)": medians, "lowest": min(every),
+                        "highest": max(every), "spread": round(max(every) / min(every) - 1, 3)}
+    return result
 
 
 EFFECTS = {"interleave": interleave, "scaling": scaling, "split": split, "concurrent": concurrent,
-           "variance": variance}
+           "switch": switch, "variance": variance}
 
 
 def main(argv: list[str] | None = None) -> None:

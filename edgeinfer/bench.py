@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, time_interleaved
+from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 from edgeinfer.memory import PeakRSS
 from edgeinfer.model import Model
 from edgeinfer.progress import NoProgress, Progress
@@ -285,7 +285,8 @@ def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: P
     done = 0
     while done < rounds:
         count = min(chunk, rounds - done)
-        for name, samples in time_interleaved(runs, rounds=count, block=ENGINE_BLOCK, settle=ENGINE_SETTLE).items():
+        timed = time_interleaved(runs, rounds=count, block=ENGINE_BLOCK, settle=ENGINE_SETTLE, settle_s=ENGINE_SETTLE_S)
+        for name, samples in timed.items():
             times[name].extend(samples)
         done += count
         progress.advance(min(count * ENGINE_BLOCK, calls))

@@ -7,9 +7,14 @@ elsewhere on the machine hits all of them alike. Used by the scripts in ``benchm
 Engines keep worker threads that spin for a while after a call (onnxruntime's intra-op pool,
 OpenVINO's TBB arena, OpenBLAS): on a machine with few cores, the next contender then runs
 beside a spinning pool and looks slower than it is (measured on 2 cores: OpenVINO 3.4 ms alone,
-7.0 ms when every call alternates with onnxruntime; ``benchmarks/bench_timing_effects.py``). ``block`` calls per turn, after ``settle``
-untimed ones, let the previous engine's threads go idle before anything is timed, while the
-rounds still alternate. Compare engines with ``block >= 5, settle >= 1``.
+7.0 ms when every call alternates with onnxruntime; ``benchmarks/bench_timing_effects.py``). ``block`` calls per turn, after
+untimed ones (``settle`` calls and at least ``settle_s`` seconds of them), let the previous
+engine's threads go idle before anything is timed, while the rounds still alternate. The
+settling is counted in time as well as in calls because the spinning lasts a time, not a
+number of calls: after a switch between two onnxruntime sessions of a 1.1 ms encoder, the new
+one ran at 1.4-2.2 ms for its first ~16 calls, about 27 ms, against 1.17 ms steady
+(``bench_timing_effects.py --only switch``), so two settle calls left most turns timed beside the other session's spinning
+workers, and identical sessions then measured up to 60% apart.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from collections.abc import Callable, Mapping
 
 ENGINE_BLOCK = 5  # calls per turn when contenders are different engines
 ENGINE_SETTLE = 2
+ENGINE_SETTLE_S = 0.05  # seconds of untimed calls per turn, at least (see above)
 
 
 def time_interleaved(runs: Mapping[str, Callable[[], object]], *, rounds: int, warmup: int = 0,
-                     block: int = 1, settle: int = 0) -> dict[str, list[float]]:
+                     block: int = 1, settle: int = 0, settle_s: float = 0.0) -> dict[str, list[float]]:
     """Seconds per call of each ``runs`` entry over ``rounds`` interleaved rounds; in each
-    round every contender makes ``settle`` untimed calls, then ``block`` timed ones."""
+    round every contender makes untimed calls (``settle`` of them, and more until ``settle_s``
+    seconds have passed), then ``block`` timed ones."""
     names = list(runs)
     for _ in range(warmup):
         for name in names:
@@ -33,8 +40,7 @@ def time_interleaved(runs: Mapping[str, Callable[[], object]], *, rounds: int, w
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
             run = runs[name]
-            for _ in range(settle):
-                run()
+            _settle(run, settle, settle_s)
             for _ in range(block):
                 start = time.perf_counter()
                 run()
@@ -42,9 +48,19 @@ def time_interleaved(runs: Mapping[str, Callable[[], object]], *, rounds: int, w
     return times
 
 
+def _settle(run: Callable[[], object], calls: int, seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    done = 0
+    while done < calls or (seconds > 0 and time.perf_counter() < deadline):
+        run()
+        done += 1
+
+
 def time_engines(runs: Mapping[str, Callable[[], object]], *, calls: int, warmup: int = 0) -> dict[str, list[float]]:
     """``time_interleaved`` for contenders that are different engines: ``calls`` timed calls
-    each, in blocks of ``ENGINE_BLOCK`` after ``ENGINE_SETTLE`` untimed ones."""
+    each, in blocks of ``ENGINE_BLOCK`` after ``ENGINE_SETTLE`` untimed ones lasting at least
+    ``ENGINE_SETTLE_S``."""
     rounds = max(2, -(-calls // ENGINE_BLOCK))
-    times = time_interleaved(runs, rounds=rounds, warmup=warmup, block=ENGINE_BLOCK, settle=ENGINE_SETTLE)
+    times = time_interleaved(runs, rounds=rounds, warmup=warmup, block=ENGINE_BLOCK, settle=ENGINE_SETTLE,
+                             settle_s=ENGINE_SETTLE_S)
     return {name: samples[:max(calls, 1)] for name, samples in times.items()}
