@@ -6,13 +6,16 @@ between requests, so ``run`` may be called from many threads at once.
 
 The DAG executor is a dependency engine (MXNet's threaded engine, TBB's flow graph): each
 part counts the parts it waits for; a finished part decrements its consumers' counts and the
-ones reaching zero are handed to the pool; the worker keeps one of them for itself, so a chain
-of parts does not bounce between threads. A part never waits inside a worker.
+ones reaching zero become ready. The calling thread works through its own request (as a TBB
+task arena's master thread does) and helpers join in at forks; a thread that finishes a part
+keeps one of the parts it made ready, so a chain of parts does not bounce between threads.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any
@@ -117,20 +120,30 @@ class SequentialExecutor(PlanRunner):
         return self._results(env)
 
 
-class _Request:
-    __slots__ = ("env", "pending", "remaining", "lock", "future", "failed")
+class _Run:
+    """One request through the DAG: its values, what each part still waits for, the parts ready
+    to run, and the first error. ``cond`` guards all of it."""
 
-    def __init__(self, feeds: dict[str, Any], counts: list[int]):
+    __slots__ = ("env", "pending", "remaining", "ready", "cond", "error")
+
+    def __init__(self, feeds: dict[str, Any], counts: list[int], roots: list[int]):
         self.env = dict(feeds)
         self.pending = list(counts)
         self.remaining = len(counts)
-        self.lock = threading.Lock()
-        self.future: Future = Future()
-        self.failed = False
+        self.ready: deque[int] = deque(roots)
+        self.cond = threading.Condition(threading.Lock())
+        self.error: BaseException | None = None
 
 
 class DagExecutor(PlanRunner):
-    """Independent parts run at the same time on ``workers`` threads."""
+    """Independent parts run at the same time: the calling thread and ``workers - 1`` helpers.
+
+    The caller drives its own request: it runs ready parts itself and sleeps only while every
+    ready part is taken and the ones it waits for are still running. When a finished part makes
+    more than one part ready, the extra ones are offered to the helpers (one wake-up each);
+    a helper runs ready parts of that request until there are none, then goes back to waiting.
+    So a chain of parts never changes thread, a request with no branches costs no hand-off,
+    and a fork costs one wake-up. ``submit`` drives the request from a thread of its own."""
 
     def __init__(self, graph: Graph, parts: Sequence[CompiledPart], workers: int):
         super().__init__(graph, parts)
@@ -143,69 +156,114 @@ class DagExecutor(PlanRunner):
         self._counts = [len(deps) for deps in self._waits_for]
         self._roots = [i for i, count in enumerate(self._counts) if count == 0]
         self.workers = workers
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-dag")
+        self._offers: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._helpers = [threading.Thread(target=self._serve, name=f"edgeinfer-dag-{i}", daemon=True)
+                         for i in range(workers - 1)]
+        for helper in self._helpers:
+            helper.start()
+        self._async: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
         self._closed = False
-        self._inflight: set[_Request] = set()
-        self._inflight_lock = threading.Lock()
-
-    def submit(self, feeds: dict[str, Any]) -> Future:
-        if self._closed:
-            raise SchedulerError("DAG executor: submit after close(); create a new Session")
-        request = _Request(feeds, self._counts)
-        if not self.parts:
-            request.future.set_result(self._results(request.env))
-            return request.future
-        with self._inflight_lock:
-            self._inflight.add(request)
-        request.future.add_done_callback(lambda _: self._forget(request))
-        for index in self._roots:
-            self._pool.submit(self._work, request, index)
-        return request.future
+        self._inflight: set[Future] = set()
 
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
-        return self.submit(feeds).result()
+        if self._closed:
+            raise SchedulerError("DAG executor: run after close(); create a new Session")
+        run = _Run(feeds, self._counts, self._roots)
+        self._offer(run, len(run.ready) - 1)
+        self._drive(run, owner=True)
+        if run.error is not None:
+            raise run.error
+        return self._results(run.env)
 
-    def _work(self, request: _Request, index: int) -> None:
-        while index is not None:
-            if request.failed:
+    def submit(self, feeds: dict[str, Any]) -> Future:
+        with self._lock:
+            if self._closed:
+                raise SchedulerError("DAG executor: submit after close(); create a new Session")
+            if self._async is None:
+                self._async = ThreadPoolExecutor(max_workers=max(1, self.workers - 1),
+                                                 thread_name_prefix="edgeinfer-dag-async")
+            future: Future = Future()
+            self._inflight.add(future)
+        future.add_done_callback(self._forget)
+        self._async.submit(self._run_into, future, feeds)
+        return future
+
+    def _run_into(self, future: Future, feeds: dict[str, Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            settle(future, result=self.run(feeds))
+        except BaseException as exc:  # reaches the caller through the future
+            settle(future, error=exc)
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._inflight.discard(future)
+
+    def _offer(self, run: _Run, count: int) -> None:
+        """Wake up to ``count`` helpers for ``run`` (a helper that finds nothing left returns)."""
+        for _ in range(min(count, len(self._helpers))):
+            self._offers.put(run)
+
+    def _serve(self) -> None:
+        while True:
+            run = self._offers.get()
+            if run is None:
                 return
-            try:
-                results = self.parts[index].run(request.env)
-            except BaseException as exc:  # reaches the caller through the future
-                with request.lock:
-                    if request.failed:
+            self._drive(run, owner=False)
+
+    def _drive(self, run: _Run, *, owner: bool) -> None:
+        """Run ready parts of ``run`` until it is finished (the owner) or none is ready (a helper)."""
+        cond = run.cond
+        while True:
+            with cond:
+                while not run.ready:
+                    if not owner or run.remaining == 0 or run.error is not None:
                         return
-                    request.failed = True
-                settle(request.future, error=exc)
+                    cond.wait()
+                if run.error is not None:
+                    return
+                index = run.ready.popleft()
+            try:
+                results = self.parts[index].run(run.env)
+            except BaseException as exc:  # the owner raises it
+                with cond:
+                    if run.error is None:
+                        run.error = exc
+                    run.ready.clear()
+                    cond.notify_all()
                 return
-            ready = []
-            with request.lock:
-                request.env.update(results)
-                request.remaining -= 1
-                finished = request.remaining == 0
+            with cond:
+                run.env.update(results)
+                run.remaining -= 1
+                newly = 0
                 for consumer in self._consumers[index]:
-                    request.pending[consumer] -= 1
-                    if request.pending[consumer] == 0:
-                        ready.append(consumer)
-            if finished:
-                settle(request.future, result=self._results(request.env))
-                return
-            index = ready.pop(0) if ready else None
-            for other in ready:  # the rest go to idle workers; this one continues the chain
-                self._pool.submit(self._work, request, other)
-
-    def _forget(self, request: _Request) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(request)
+                    run.pending[consumer] -= 1
+                    if run.pending[consumer] == 0:
+                        run.ready.append(consumer)
+                        newly += 1
+                if newly or run.remaining == 0:
+                    cond.notify_all()  # the owner may be waiting for these
+                extra = len(run.ready) - 1  # this thread takes one of them next
+            if extra > 0:
+                self._offer(run, extra)
 
     def close(self) -> None:
-        """Stop the workers; requests still in flight fail with ``SchedulerError``."""
-        if self._closed:
-            return
-        self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        with self._inflight_lock:
+        """Stop the helpers once their current part is done. A run in progress finishes on its
+        caller's thread; async requests not started yet fail with ``SchedulerError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool = self._async
+        for _ in self._helpers:
+            self._offers.put(None)
+        for helper in self._helpers:
+            helper.join()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
             left = list(self._inflight)
-        for request in left:
-            request.failed = True
-            settle(request.future, error=SchedulerError("DAG executor closed while the request ran"))
+        for future in left:
+            settle(future, error=SchedulerError("DAG executor closed before the request ran"))

@@ -37,6 +37,34 @@ def test_dag_executor_matches_sequential_on_an_inception_net(inception, backend)
     assert not edgeinfer_threads()
 
 
+def test_dag_branches_overlap_on_two_threads_and_chains_stay_on_the_callers():
+    """The calling thread runs its request's parts itself (the stem without any hand-off); at a
+    fork one helper joins in, so sibling branches overlap on two threads."""
+    import threading
+
+    from .backends import RecordingBackend
+
+    proto = zoo.inception_net(size=16, width=8, blocks=2, seed=5)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto, seed=1)
+    reference = ei.Session(model).run(feeds)
+    engine = RecordingBackend(sleep=0.02)
+    with ei.Session(model, backend=[engine], threads=2, executor="dag") as session:
+        session.run(feeds)
+        engine.intervals.clear()
+        got = session.run(feeds)
+        parts = len(session.plan.parts)
+    assert_close(got["logits"], reference["logits"])
+    caller = threading.get_ident()
+    calls = sorted(engine.intervals, key=lambda call: call[2])
+    assert len(calls) == parts  # each part once
+    assert calls[0][1] == caller  # the stem, on the caller's thread
+    overlapping = [(a, b) for i, a in enumerate(calls) for b in calls[i + 1:] if b[2] < a[3] and a[2] < b[3]]
+    assert overlapping, "no two parts ran at the same time"
+    assert all(a[1] != b[1] for a, b in overlapping)
+    assert len({thread for _, thread, _, _ in calls}) == 2
+
+
 def test_dag_executor_serves_multi_head_outputs():
     model = ei.convert(parse_model("""
         <ir_version: 8, opset_import: ["" : 17]>
