@@ -2,8 +2,9 @@
 
 1. ``interleave``: OpenVINO on MobileNetV2 alone, with every call alternating with onnxruntime,
    and in blocks (``edgeinfer.benchmark.time_engines``): why engines are timed in blocks.
-2. ``scaling``: onnxruntime on MobileNetV2 at 1 and 2 intra-op threads: the ceiling of any
-   2-core stream speed-up that overlaps batch-1 requests (two 1-thread sessions at best).
+2. ``scaling``: per model, onnxruntime at 2 intra-op threads and every engine at 1: the
+   ceiling of any 2-core stream speed-up that overlaps batch-1 requests,
+   2 * t(onnxruntime, 2 threads) / t(fastest engine, 1 thread).
 3. ``split``: onnxruntime on an inception-style net as one session and as the DAG executor's
    branch parts run one after another on one thread, and onnxruntime's own ORT_PARALLEL mode:
    what cutting a graph at its forks costs that engine.
@@ -12,13 +13,16 @@
 5. ``switch``: two identical onnxruntime sessions on the encoder block; after a stretch of
    calls on one, the other's first calls, one by one: how long the first session's spinning
    workers slow the next engine (why ``time_engines`` settles for a time, not a call count).
+7. ``pinning``: two 1-thread OpenVINO executables of the encoder block served from two Python
+   threads, compiled as for one session (OpenVINO pins its threads to cores) and as for
+   pipeline replicas (``busy_wait=False``: pinning off), against one alone (requests/s).
 6. ``variance``: several identical onnxruntime sessions on the encoder block, timed in blocks
    over repeated rounds, with two settle calls per turn (the old rule) and with the time-based
    settle: how far apart identical contenders land at 1-2 ms on this machine.
 
 Usage::
 
-    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent switch variance]
+    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent switch variance pinning]
         [--calls 40] [--json effects.json]
 """
 
@@ -40,7 +44,7 @@ from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.bench import machine_facts
 from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
 from edgeinfer.format.atomic import atomic_write_bytes
-from edgeinfer.peers import raw_onnxruntime, raw_openvino
+from edgeinfer.peers import raw_litert, raw_onnxruntime, raw_openvino
 
 
 def median_ms(samples: list[float]) -> float:
@@ -60,13 +64,30 @@ def interleave(calls: int) -> dict[str, float]:
             "openvino, blocks (time_engines)": median_ms(blocks["openvino"])}
 
 
-def scaling(calls: int) -> dict[str, float]:
-    proto = zoo.mobilenet_v2()
-    feeds = zoo.example_inputs(proto)
-    one, two = raw_onnxruntime(proto, 1), raw_onnxruntime(proto, 2)
-    times = time_engines({"1 thread": lambda: one(feeds), "2 threads": lambda: two(feeds)}, calls=calls, warmup=3)
-    result = {name: median_ms(samples) for name, samples in times.items()}
-    result["2-thread speed-up"] = round(result["1 thread"] / result["2 threads"], 2)
+def scaling(calls: int) -> dict[str, Any]:
+    """Per model: raw onnxruntime at 2 threads and every raw engine at 1 thread. No stream of
+    batch-1 requests on 2 cores can beat 2 / (the fastest 1-thread time) requests per second
+    (each request needs at least that much of one core), so against onnxruntime at 2 threads the
+    ceiling of any overlap is 2 * t(onnxruntime, 2 threads) / t(fastest engine, 1 thread)."""
+    models = {"mobilenet_v2": zoo.mobilenet_v2(), "resnet50": zoo.resnet50(),
+              "transformer": zoo.transformer_encoder_block(seq=128, d=256, heads=4)}
+    result: dict[str, Any] = {}
+    for name, proto in models.items():
+        feeds = zoo.example_inputs(proto)
+        runners = {"onnxruntime 2 threads": raw_onnxruntime(proto, 2), "onnxruntime 1 thread": raw_onnxruntime(proto, 1)}
+        try:
+            runners["openvino 1 thread"] = raw_openvino(proto, 1)
+        except ImportError:
+            pass
+        litert = raw_litert(ei.convert(proto), 1)
+        if litert is not None:
+            runners["litert 1 thread"] = litert
+        times = time_engines({label: (lambda r=r, f=feeds: r(f)) for label, r in runners.items()}, calls=calls, warmup=3)
+        ms = {label: median_ms(samples) for label, samples in times.items()}
+        fastest = min((label for label in ms if label.endswith("1 thread")), key=ms.get)
+        ms["onnxruntime 2-thread speed-up"] = round(ms["onnxruntime 1 thread"] / ms["onnxruntime 2 threads"], 2)
+        ms["stream ceiling vs onnxruntime at 2 threads"] = round(2 * ms["onnxruntime 2 threads"] / ms[fastest], 2)
+        result[name] = ms
     return result
 
 
@@ -163,8 +184,37 @@ def variance(calls: int, sessions: int = 3, repeats: int = 3) -> dict[str, Any]:
     return result
 
 
+def pinning(calls: int, requests: int = 300) -> dict[str, float]:
+    proto = zoo.transformer_encoder_block(seq=128, d=256, heads=4)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto)
+    openvino = get_backend("openvino")
+    result: dict[str, float] = {}
+    for label, busy_wait in (("pinned (one session)", True), ("unpinned (replicas)", False)):
+        pair = [openvino.compile(model.graph, CompileOptions(threads=1, busy_wait=busy_wait)) for _ in range(2)]
+        for executable in pair:
+            for _ in range(5):
+                executable.run(feeds)
+
+        def serve(executable) -> None:
+            for _ in range(requests):
+                executable.run(feeds)
+
+        start = time.perf_counter()
+        serve(pair[0])
+        result[f"{label}: one alone, requests/s"] = round(requests / (time.perf_counter() - start), 1)
+        threads = [threading.Thread(target=serve, args=(e,)) for e in pair]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        result[f"{label}: two in two threads, requests/s"] = round(2 * requests / (time.perf_counter() - start), 1)
+    return result
+
+
 EFFECTS = {"interleave": interleave, "scaling": scaling, "split": split, "concurrent": concurrent,
-           "switch": switch, "variance": variance}
+           "switch": switch, "variance": variance, "pinning": pinning}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -140,7 +140,7 @@ class OpenVinoBackend(Backend):
             model = read_onnx(model_bytes)
         except Exception as exc:
             raise backend_error("could not convert", lowered, exc, names) from exc
-        config = compile_config(device_name, engine, threads, options.debug)
+        config = compile_config(device_name, engine, threads, options.debug, shared_cores=not options.busy_wait)
         try:
             compiled = core().compile_model(model, device_name, config)
         except Exception as exc:
@@ -170,9 +170,16 @@ def resolve_device(requested: str, available: list[str], fallback: bool) -> str:
     return "CPU"
 
 
-def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | None, debug: bool) -> dict[str, Any]:
+def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | None, debug: bool, *,
+                   shared_cores: bool = False) -> dict[str, Any]:
     """``compile_model`` properties: performance hint, threads and precision where the device
-    takes them, profiling in debug mode, then the user's ``config`` on top."""
+    takes them, profiling in debug mode, then the user's ``config`` on top.
+
+    ``shared_cores`` (``CompileOptions.busy_wait=False``: other executables run on the same
+    cores at the same time, as pipeline replicas and DAG parts do) turns off OpenVINO's CPU
+    pinning. Pinned, every compiled model's threads land on the same first cores: two 1-thread
+    encoder models in two Python threads served 549 requests/s together against 452 for one,
+    and 1,127 unpinned (``python benchmarks/bench_timing_effects.py --only pinning``)."""
     supported = _supported_properties(device_name)
     config: dict[str, Any] = {"PERFORMANCE_HINT": engine.get("performance_hint", "LATENCY").upper()}
     if threads is not None:
@@ -180,6 +187,8 @@ def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | N
             config["INFERENCE_NUM_THREADS"] = threads
         else:
             log.debug("openvino: %s takes no thread count; threads=%d ignored", device_name, threads)
+    if shared_cores and "ENABLE_CPU_PINNING" in supported:
+        config["ENABLE_CPU_PINNING"] = False
     precision = engine.get("precision")
     if precision is None and "NPU" not in device_name:  # an NPU computes in f16: leave it its own default
         precision = "f32"

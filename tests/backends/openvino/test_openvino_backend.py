@@ -148,6 +148,22 @@ def test_throughput_hint_and_raw_config_engine_options():
     assert executable.property("NUM_STREAMS") == 2
 
 
+def test_executables_that_share_cores_are_not_pinned():
+    """Pipeline replicas and DAG parts (``busy_wait=False``) run side by side: OpenVINO's CPU
+    pinning would put all their threads on the same cores. A session alone keeps OpenVINO's
+    default, and the user's own config still has the last word."""
+    graph = ei.convert(zoo.mlp_symbolic_batch(), optimize=0).graph
+    backend = get_backend("openvino")
+    default = openvino.Core().get_property("CPU", "ENABLE_CPU_PINNING")
+    assert backend.compile(graph, CompileOptions(threads=1)).property("ENABLE_CPU_PINNING") == default
+    shared = backend.compile(graph, CompileOptions(threads=1, busy_wait=False))
+    assert shared.property("ENABLE_CPU_PINNING") is False
+    forced = get_backend("openvino", config={"ENABLE_CPU_PINNING": True})
+    assert forced.compile(graph, CompileOptions(threads=1, busy_wait=False)).property("ENABLE_CPU_PINNING") is True
+    feeds = zoo.example_inputs(zoo.mlp_symbolic_batch(), batch=3)
+    assert_close(shared.run(feeds)["probs"], backend.compile(graph, CompileOptions()).run(feeds)["probs"])
+
+
 @pytest.mark.parametrize("engine_options, message", [
     ({"hint": "LATENCY"}, "unknown engine option"),
     ({"performance_hint": "FASTEST"}, "performance_hint"),
