@@ -2,7 +2,8 @@
 
 A window reduction is ``prod(kernel)`` vectorized steps, one per kernel tap, each combining a
 strided view of the padded input into the output (``np.maximum`` / ``np.add`` with ``out=``),
-so no Python code runs per pixel. Averages divide by a per-position count computed the same
+so no Python code runs per pixel; MaxPool without indices reduces one axis at a time
+(``sum(kernel)`` steps). Averages divide by a per-position count computed the same
 way from a spatial mask (no batch or channel axes), so ``count_include_pad`` costs nothing
 per channel. Geometry: see ``nn_common``.
 """
@@ -51,6 +52,8 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
         "MaxPool", x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)
     xp = pad_spatial(x, begin, end, _lowest(x.dtype))
     want_indices = _ctx is not None and _ctx.num_outputs > 1
+    if not want_indices:
+        return _separable_max(xp, kernel_, strides, dilations, out_sizes)
     out = None
     best = None
     for _, offsets in kernel_taps(kernel_, dilations):
@@ -67,6 +70,24 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     if not want_indices:
         return out
     return out, _indices(best, x.shape, out_sizes, strides, begin, storage_order)
+
+
+def _separable_max(xp: np.ndarray, kernel_, strides, dilations, out_sizes) -> np.ndarray:
+    """The window max one spatial axis at a time (max is separable): ``sum(kernel)`` passes
+    instead of ``prod(kernel)``, each over an input already reduced along the earlier axes
+    (leading axes first: their views read whole contiguous rows)."""
+    y = xp
+    lead = xp.ndim - len(kernel_)
+    for axis, (k, s, d, size) in enumerate(zip(kernel_, strides, dilations, out_sizes, strict=True)):
+        taps = [y[(slice(None),) * (lead + axis) + (slice(t * d, t * d + s * (size - 1) + 1, s),)]
+                for t in range(k)]
+        if k == 1:
+            y = taps[0]
+            continue
+        y = np.maximum(taps[0], taps[1])
+        for view in taps[2:]:
+            np.maximum(y, view, out=y)
+    return np.array(y) if y.base is not None or y is xp else y  # never a view of the input
 
 
 def _indices(best_offsets: np.ndarray, shape, out_sizes, strides, begin, storage_order) -> np.ndarray:

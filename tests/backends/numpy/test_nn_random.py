@@ -158,6 +158,16 @@ def test_max_pool_with_indices_matches_onnxruntime(rng, attrs) -> None:
         _compare(model, {"x": x})
 
 
+@pytest.mark.parametrize("attrs", POOL_CASES + [dict(kernel_shape=[1, 3], strides=[1, 1]), dict(kernel_shape=[1, 1])],
+                         ids=[f"pool{i}" for i in range(len(POOL_CASES) + 2)])
+def test_max_pool_values_match_onnxruntime(rng, attrs) -> None:
+    """The separable path (no indices output): float32, float64 and int8, odd sizes."""
+    for x in (_normal(rng, 2, 3, 11, 10), rng.standard_normal((1, 2, 7, 9)),
+              rng.integers(-128, 128, (1, 2, 9, 8), dtype=np.int8)):
+        (y,) = _compare(_model("MaxPool", {"x": x}, {}, **attrs), {"x": x})
+        assert not np.shares_memory(y, x)
+
+
 @pytest.mark.parametrize("attrs", POOL_CASES, ids=[f"pool{i}" for i in range(len(POOL_CASES))])
 def test_average_pool_matches_onnxruntime(rng, attrs) -> None:
     x = _normal(rng, 2, 3, 11, 10)
