@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgeinfer.errors import BackendError, RequestTimeoutError, SchedulerError
+from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, SchedulerError
 from edgeinfer.scheduler import compile_parts, make_plan
 from edgeinfer.scheduler.executors import CompiledPart, SequentialExecutor
 from edgeinfer.scheduler.planner import (
@@ -43,6 +43,7 @@ from edgeinfer.scheduler.planner import (
 )
 
 if TYPE_CHECKING:
+    from edgeinfer.backend import Backend
     from edgeinfer.session import Session
 
 log = logging.getLogger("edgeinfer.scheduler.pipeline")
@@ -99,7 +100,8 @@ class StagePlan:
                          f"({len(stage.nodes)}) on {','.join(backends)}: {seconds * 1000:.3f} ms x{replicas}")
         for candidate in self.candidates:
             measured = candidate.get("measured")
-            lines.append(f"  considered {candidate['stages']} stage(s) x {candidate['replicas']}: predicted "
+            on = f" on {candidate['on']}" if "on" in candidate else ""
+            lines.append(f"  considered {candidate['stages']} stage(s) x {candidate['replicas']}{on}: predicted "
                          f"{candidate['predicted']:.1f}/s" + (f", measured {measured:.1f}/s" if measured else ""))
         return "\n".join(lines)
 
@@ -117,9 +119,12 @@ def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str |
     raise BackendError(f"replicas {replicas!r}: expected a positive integer, a list of them, or 'auto'")
 
 
-def _build_stages(session: Session, ranges: Sequence[tuple[int, int]], threads: int) -> list[Stage]:
+def _build_stages(session: Session, ranges: Sequence[tuple[int, int]], threads: int,
+                  engines: tuple[Sequence[Backend], Sequence[str]] | None = None) -> list[Stage]:
+    """Compile the stages ``ranges`` of the session's graph, each node on the backend the
+    session's plan gave it, or with ``engines`` = (backends, backend name per node) on those."""
     graph = session.model.graph
-    placed = session.plan.assignment.backends
+    backends, placed = engines if engines is not None else (session.backends, session.plan.assignment.backends)
     later_reads: list[set[str]] = []
     reads_after: set[str] = set(graph.output_names)
     for start, end in reversed(ranges):
@@ -133,8 +138,8 @@ def _build_stages(session: Session, ranges: Sequence[tuple[int, int]], threads: 
     for (start, end), keep in zip(ranges, later_reads):
         sub = graph.subgraph(graph.nodes[start:end], name=f"{graph.name}_stage{len(stages)}")
         pinned = {i: placed[start + i] for i in range(end - start)}
-        plan = make_plan(sub, session.backends, pinned=pinned)
-        parts = compile_parts(plan, session.backends, threads=threads, busy_wait=False)
+        plan = make_plan(sub, backends, pinned=pinned)
+        parts = compile_parts(plan, backends, threads=threads, busy_wait=False)
         stages.append(Stage(range(start, end), [SequentialExecutor(sub, parts)], frozenset(keep)))
     return stages
 
@@ -198,15 +203,21 @@ def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, sta
         counts = [len(fixed)]
     else:
         counts = list(range(1, min(workers, len(graph.nodes)) + 1))
-    built = []
+    built = []  # (stages, seconds, replicas, engines: None for the session's own placement)
     for k in counts:
         stage_list, seconds = _split_measured(session, costs, cross, k, feeds)
-        reps = replicate(seconds, workers, fixed)
-        built.append((stage_list, seconds, reps))
-    candidates = [{"stages": len(s), "replicas": r, "predicted": throughput(t, r)} for s, t, r in built]
+        built.append((stage_list, seconds, replicate(seconds, workers, fixed), None))
+    candidates = [{"stages": len(s), "replicas": r, "predicted": throughput(t, r)} for s, t, r, _ in built]
+    if measure and stages == "auto" and replicas in (None, "auto"):
+        for label, engines in _other_engines(session):  # backend="auto": engines fare differently in streams
+            stage_list = _build_stages(session, [(0, len(graph.nodes))], 1, engines)
+            seconds = _measure_stages(stage_list, feeds)
+            reps = replicate(seconds, workers, None)
+            built.append((stage_list, seconds, reps, engines))
+            candidates.append({"stages": 1, "replicas": reps, "predicted": throughput(seconds, reps), "on": label})
     best = max(range(len(built)), key=lambda i: candidates[i]["predicted"])
     if measure and len(built) > 1:
-        trials = [StagePlan(s, r, t, 1, graph.output_names) for s, t, r in built]
+        trials = [StagePlan(s, r, t, 1, graph.output_names) for s, t, r, _ in built]
         for trial in trials:
             for stage, count in zip(trial.stages, trial.replicas):
                 stage.replicate(count)
@@ -216,13 +227,41 @@ def plan_stages(session: Session, feeds: Mapping[str, Any] | None = None, *, sta
                 rate = measure_throughput(trials[i], feeds)
                 candidates[i]["measured"] = max(candidates[i].get("measured", 0.0), rate)
         best = max(range(len(built)), key=lambda i: candidates[i]["measured"])
-    stage_list, seconds, reps = built[best]
+    stage_list, seconds, reps, engines = built[best]
     per_worker = max(1, workers // sum(reps))
     if per_worker > 1:  # spare cores: give each worker several intra-op threads
-        stage_list = _build_stages(session, [(s.nodes.start, s.nodes.stop) for s in stage_list], per_worker)
+        stage_list = _build_stages(session, [(s.nodes.start, s.nodes.stop) for s in stage_list], per_worker, engines)
     for stage, count in zip(stage_list, reps):
         stage.replicate(count)
     return StagePlan(stage_list, reps, seconds, per_worker, graph.output_names, candidates)
+
+
+def _other_engines(session: Session) -> list[tuple[str, tuple[list[Backend], list[str]]]]:
+    """For a session whose backends ``backend="auto"`` chose by latency: every other installed
+    engine that takes the whole graph alone, as (name, (backends, backend per node)). One
+    request at a time on all cores and several at once on one core each rank engines
+    differently (intra-op scaling), so a stream measures them again."""
+    if getattr(session, "auto_choice", None) is None:
+        return []
+    from edgeinfer.backend import installed_backends
+    from edgeinfer.scheduler import make_backends
+
+    graph = session.model.graph
+    chosen = {b.name for b in session.backends}
+    found = []
+    for name in installed_backends():
+        if name in chosen or name == "numpy":
+            continue
+        try:
+            backends = make_backends([name, "numpy"], device=session.device, fallback=session.fallback,
+                                     options={k: v for k, v in session.backend_options.items() if k == name})
+            plan = make_plan(graph, backends)
+        except EdgeInferError as exc:
+            log.debug("stream planner: %s not considered: %s", name, exc)
+            continue
+        if [p.backend for p in plan.parts] == [name]:  # the whole graph on it: replicas of one engine
+            found.append((name, (backends, plan.assignment.backends)))
+    return found
 
 
 def measure_throughput(plan: StagePlan, feeds: Mapping[str, Any], seconds: float = 0.4) -> float:

@@ -71,6 +71,30 @@ def test_auto_skips_a_candidate_that_cannot_run(model, tmp_path, monkeypatch):
     assert "unknown backend 'tensorrt'" in session.auto_choice.skipped["tensorrt"]
 
 
+def test_an_auto_sessions_stream_measures_the_other_engines_too(model, tmp_path):
+    """``auto`` chose its engine for one request on all threads; a stream's replicas run on one
+    thread each, where engines rank differently, so the stream planner also measures a replica
+    plan on every other installed engine that takes the whole graph, and may serve on it."""
+    feeds = [model.random_feeds(seed=s) for s in range(6)]
+    reference = ei.Session(model, backend="numpy")
+    expected = [reference.run(f)["logits"] for f in feeds]
+    with ei.Session(model, backend="auto", threads=2, cache=tmp_path) as session:
+        plan = session.pipeline_plan(feeds[0], stages="auto")
+        chosen = set(session.auto_choice.backends)
+        others = {c["on"] for c in plan.candidates if "on" in c}
+        engines = [name for name in installed_backends() if name != "numpy"]
+        assert others == {name for name in engines if name not in chosen
+                          and [p.backend for p in ei.Session(model, backend=name).plan.parts] == [name]}
+        assert all("measured" in c for c in plan.candidates)
+        best = max(plan.candidates, key=lambda c: c["measured"])
+        serving = {p.part.backend for stage in plan.stages for p in stage.runner.parts}
+        assert serving == ({best["on"]} if "on" in best else serving & (chosen | {"numpy"}))
+        assert "on " in plan.describe() or not others
+        got = list(session.stream(feeds, stages="auto"))
+    for out, ref in zip(got, expected):
+        assert_close(out["logits"], ref, rtol=1e-4, atol=1e-5)
+
+
 # -- devices ---------------------------------------------------------------------------------------
 def test_missing_gpu_provider_is_a_clear_error_or_a_logged_fallback(model, caplog):
     if any(p in ort.get_available_providers() for p in ("CUDAExecutionProvider", "DmlExecutionProvider")):
