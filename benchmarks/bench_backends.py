@@ -36,7 +36,7 @@ import onnx
 
 import edgeinfer as ei
 from edgeinfer import zoo
-from edgeinfer.benchmark import time_engines
+from edgeinfer.benchmark import BLAS_SPIN_S, time_engines
 from edgeinfer.ir import Graph
 
 BACKENDS = ("numpy", "onnxruntime")
@@ -64,8 +64,9 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
     feeds = zoo.example_inputs(proto, seed=0)
     sessions = {backend: ei.Session(model, backend=backend, threads=threads) for backend in BACKENDS}
     outputs = {backend: session.run(feeds) for backend, session in sessions.items()}
+    # settle past OpenBLAS's spinning workers, so onnxruntime is not timed beside them
     times = time_engines({backend: functools.partial(sessions[backend].run, feeds) for backend in BACKENDS},
-                         calls=rounds, warmup=warmup)
+                         calls=rounds, warmup=warmup, settle_s=BLAS_SPIN_S)
     result: dict[str, Any] = {
         "model": name,
         "nodes": len(model.graph.nodes),

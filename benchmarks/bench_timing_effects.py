@@ -13,6 +13,11 @@
 5. ``switch``: two identical onnxruntime sessions on the encoder block; after a stretch of
    calls on one, the other's first calls, one by one: how long the first session's spinning
    workers slow the next engine (why ``time_engines`` settles for a time, not a call count).
+8. ``blas``: CPU time OpenBLAS's worker threads burn during half a second after one GEMM on two
+   BLAS threads (their spin before sleeping), and the encoder's FFN GEMM (128x256 @ 256x1024)
+   on one BLAS thread, on two, and cut into row blocks over two Python threads.
+9. ``ufunc_threads``: the numpy backend's GELU on a 128x1024 block, cut into 2/4/8 chunks, on
+   one thread and shared with a helper thread (``parallel_for``).
 7. ``pinning``: two 1-thread OpenVINO executables of the encoder block served from two Python
    threads, compiled as for one session (OpenVINO pins its threads to cores) and as for
    pipeline replicas (``busy_wait=False``: pinning off), against one alone (requests/s).
@@ -22,7 +27,7 @@
 
 Usage::
 
-    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent switch variance pinning]
+    python benchmarks/bench_timing_effects.py [--only interleave scaling split concurrent switch variance pinning blas ufunc_threads]
         [--calls 40] [--json effects.json]
 """
 
@@ -30,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
 import edgeinfer as ei
@@ -213,8 +220,73 @@ def pinning(calls: int, requests: int = 300) -> dict[str, float]:
     return result
 
 
+def _cpu_ticks_of_other_threads() -> int:
+    me = str(threading.get_native_id())
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if tid == me:
+            continue
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total
+
+
+def blas(calls: int) -> dict[str, float]:
+    from edgeinfer.backends.numpy import parallel
+
+    a = np.random.default_rng(0).standard_normal((128, 256), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((256, 1024), dtype=np.float32)
+    out = np.empty((128, 1024), np.float32)
+    result: dict[str, float] = {}
+    parallel.hold_blas()
+    try:
+        if os.path.isdir("/proc/self/task"):
+            with parallel.use_workers(2), parallel._blas_threads(2):
+                np.matmul(a, b, out=out)
+            before = _cpu_ticks_of_other_threads()
+            time.sleep(0.5)
+            ticks = _cpu_ticks_of_other_threads() - before
+            result["ms of CPU other threads used in the 0.5 s after a 2-thread GEMM"] = ticks * 1000 / os.sysconf("SC_CLK_TCK")
+        blocks = parallel.split(128, 2)
+
+        def rows() -> None:
+            parallel.parallel_for(2, lambda i: np.matmul(a[slice(*blocks[i])], b, out=out[slice(*blocks[i])]))
+
+        def two_blas() -> None:
+            with parallel._blas_threads(2):
+                np.matmul(a, b, out=out)
+
+        with parallel.use_workers(2):
+            times = time_interleaved({"1 BLAS thread": lambda: np.matmul(a, b, out=out), "2 BLAS threads": two_blas,
+                                      "row blocks on 2 Python threads": rows}, rounds=calls * 5, warmup=5, block=5)
+    finally:
+        parallel.release_blas()
+    result.update({f"FFN GEMM ms, {name}": median_ms(samples) for name, samples in times.items()})
+    return result
+
+
+def ufunc_threads(calls: int) -> dict[str, float]:
+    from edgeinfer.backends.numpy import parallel
+    from edgeinfer.backends.numpy.kernels.fused import apply_activation
+
+    source = np.random.default_rng(0).standard_normal((128, 1024), dtype=np.float32)
+    block = source.copy()
+    runs = {}
+    for chunks in (2, 4, 8):
+        ranges = parallel.split(128, chunks)
+        for count in (1, 2):
+            def run(ranges=ranges, count=count) -> None:
+                np.copyto(block, source)  # fresh values: GELU applied again and again reaches denormals
+                with parallel.use_workers(count):
+                    parallel.parallel_for(len(ranges), lambda i: apply_activation(block[slice(*ranges[i])], "Gelu", ()))
+            runs[f"{chunks} chunks, {count} thread(s)"] = run
+    times = time_interleaved(runs, rounds=calls * 5, warmup=5, block=5)
+    return {f"GELU 128x1024 us, {name}": round(statistics.median(samples) * 1e6, 1) for name, samples in times.items()}
+
+
 EFFECTS = {"interleave": interleave, "scaling": scaling, "split": split, "concurrent": concurrent,
-           "switch": switch, "variance": variance, "pinning": pinning}
+           "switch": switch, "variance": variance, "pinning": pinning, "blas": blas, "ufunc_threads": ufunc_threads}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,10 @@ from collections.abc import Callable, Mapping
 ENGINE_BLOCK = 5  # calls per turn when contenders are different engines
 ENGINE_SETTLE = 2
 ENGINE_SETTLE_S = 0.05  # seconds of untimed calls per turn, at least (see above)
+# OpenBLAS's worker threads spin for 2**28 cycles (its default THREAD_TIMEOUT) after a
+# multi-threaded call: 120 ms of CPU measured here (``bench_timing_effects.py --only blas``).
+# Comparisons with the numpy backend, whose big GEMMs use them, settle this long.
+BLAS_SPIN_S = 0.15
 
 
 def time_interleaved(runs: Mapping[str, Callable[[], object]], *, rounds: int, warmup: int = 0,
@@ -56,11 +60,13 @@ def _settle(run: Callable[[], object], calls: int, seconds: float) -> None:
         done += 1
 
 
-def time_engines(runs: Mapping[str, Callable[[], object]], *, calls: int, warmup: int = 0) -> dict[str, list[float]]:
+def time_engines(runs: Mapping[str, Callable[[], object]], *, calls: int, warmup: int = 0,
+                 settle_s: float = ENGINE_SETTLE_S) -> dict[str, list[float]]:
     """``time_interleaved`` for contenders that are different engines: ``calls`` timed calls
     each, in blocks of ``ENGINE_BLOCK`` after ``ENGINE_SETTLE`` untimed ones lasting at least
-    ``ENGINE_SETTLE_S``."""
+    ``settle_s`` (longer for a contender whose threads spin longer, e.g. OpenBLAS's,
+    ``BLAS_SPIN_S``)."""
     rounds = max(2, -(-calls // ENGINE_BLOCK))
     times = time_interleaved(runs, rounds=rounds, warmup=warmup, block=ENGINE_BLOCK, settle=ENGINE_SETTLE,
-                             settle_s=ENGINE_SETTLE_S)
+                             settle_s=settle_s)
     return {name: samples[:max(calls, 1)] for name, samples in times.items()}

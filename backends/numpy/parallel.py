@@ -114,14 +114,15 @@ def release_blas() -> None:
             _blas_at_one = None
 
 
-# GEMMs from this many multiply-adds on (over a millisecond on one thread: ResNet-50's convs
-# at 51M and up) get the run's threads in BLAS, since numpy's matmul does not run in parallel
-# from several Python threads; smaller ones stay on one BLAS thread. A BLAS helper that has
-# gone to sleep, or lost its core to another process, stalls the whole call for a time slice:
-# measured interleaved with onnxruntime on a loaded 2-core machine, splitting from 2M-16M
-# made MobileNetV2 4-10x slower and splitting the transformer's 33.5M FFN GEMMs doubled its
-# median, while splitting ResNet-50's made it ~25% faster.
-BLAS_SPLIT_MACS = 40_000_000
+# GEMMs from this many multiply-adds on (half a millisecond and more on one thread: the
+# encoder's 33.5M FFN GEMMs; ResNet-50's convs at 51M and up) get the run's threads in BLAS.
+# Our own row blocks on Python threads do not pay at this size: that FFN GEMM took 0.58 ms on
+# one BLAS thread, 0.50 on two and 0.78 in two row blocks on two Python threads (GIL hand-offs
+# and a helper's wake-up; ``bench_timing_effects.py --only blas``), and lowering this from 40M
+# to 30M took the encoder block from 3.25-3.34x onnxruntime's time to 2.34-2.54x. Smaller GEMMs
+# stay on one BLAS thread: a BLAS helper that has lost its core stalls the whole call for a
+# time slice, and OpenBLAS's workers spin for ~120 ms of CPU after each multi-threaded call.
+BLAS_SPLIT_MACS = 30_000_000
 
 
 @functools.cache
@@ -165,9 +166,14 @@ def _helpers() -> ThreadPoolExecutor:
         return _pool
 
 
-# Work below this many elements runs on the calling thread alone: a helper takes about as
-# long to wake up as numpy takes to stream it.
-_MIN_PARALLEL_WORK = 1 << 18
+# Work below this many elements runs on the calling thread alone. Two Python threads running
+# numpy ufuncs hand the GIL back and forth at every call, and on this 2-core VM that costs more
+# than it saves until the work is large: GELU on a 128x1024 block, cut in 2/4/8 chunks, took
+# 653/670/741 us on one thread and 747/901/1154 us shared with a helper
+# (``bench_timing_effects.py --only ufunc_threads``); the encoder block then ran slower at
+# threads=2 than at threads=1 (3.70 against 3.38 ms). Depthwise blocks of the big maps and
+# ResNet-50's epilogues are still above it.
+_MIN_PARALLEL_WORK = 1 << 22
 
 
 def parallel_for(count: int, body: Callable[[int], None], *, work: int | None = None) -> None:

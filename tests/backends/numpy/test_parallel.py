@@ -69,10 +69,15 @@ MODELS = {
 }
 
 
+@pytest.mark.parametrize("split_all", [False, True], ids=["default thresholds", "everything split"])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_threads_two_matches_onnxruntime_also_from_several_threads(name):
+def test_threads_two_matches_onnxruntime_also_from_several_threads(name, split_all, monkeypatch):
     """Depthwise blocks, GEMM epilogues, GELU and attention split between workers (and BLAS
-    threads for big GEMMs) give onnxruntime's outputs, also with four runs at once."""
+    threads for big GEMMs) give onnxruntime's outputs, also with four runs at once. These
+    small models stay under the size thresholds, so they also run with every split forced."""
+    if split_all:
+        monkeypatch.setattr(parallel, "_MIN_PARALLEL_WORK", 0)
+        monkeypatch.setattr(parallel, "BLAS_SPLIT_MACS", 0)
     proto = MODELS[name]()
     model = ei.convert(proto, optimize=2)
     feeds = zoo.example_inputs(proto, seed=1)
