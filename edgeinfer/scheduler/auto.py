@@ -22,7 +22,8 @@ import logging
 import os
 import platform
 import statistics
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +42,7 @@ _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu",
 _TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
 _DROP_FACTOR = 3.0
 _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
+_WARM_S = 0.2  # untimed calls per candidate before timing, at most (a big model stops at one)
 
 
 @dataclass
@@ -141,6 +143,15 @@ def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
         log.warning("auto backend cache %s could not be written: %s", path, exc)
 
 
+def _warm(run: Callable[[], Any], calls: int = 20, seconds: float = _WARM_S) -> None:
+    """Untimed calls until ``calls`` are done or ``seconds`` have passed (at least one)."""
+    deadline = time.perf_counter() + seconds
+    for _ in range(calls):
+        run()
+        if time.perf_counter() >= deadline:
+            return
+
+
 def measure(model: Model, lists: list[list[str]], *, threads: int | None, device: str, fallback: bool,
             options: Mapping[str, Mapping[str, Any]]) -> AutoChoice:
     """Compile every candidate priority list, time them interleaved, return the fastest."""
@@ -175,6 +186,8 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
         runners[label], label_of[label], built[label] = runner, names, (backends, plan)
     if not runners:
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
+    for runner in runners.values():  # a fresh engine is slower for its first calls (allocation, JIT kernels)
+        _warm(lambda r=runner: r.run(feeds))
     first = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=5, warmup=2)
     best = min(statistics.median(t) for t in first.values())
     for label, times in first.items():
