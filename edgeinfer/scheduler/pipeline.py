@@ -353,7 +353,8 @@ class Pipeline:
                         finished[admitted] = (None, exc)
                     else:
                         started[admitted] = time.monotonic()
-                        self._queues[0].put((admitted, message, None))
+                        if not self._put(self._queues[0], (admitted, message, None)):  # closed meanwhile
+                            raise SchedulerError("stream was closed while requests were in flight")
                     admitted += 1
                     self.max_depth_seen = max(self.max_depth_seen, admitted - delivered)
                 if exhausted and delivered == admitted:

@@ -150,6 +150,38 @@ def test_session_close_stops_open_streams(cnn):
             next(stream)
 
 
+def test_a_stream_resumed_after_close_raises_instead_of_waiting_on_a_full_queue(cnn):
+    """The intake puts requests on the first stage's queue; once the pipeline is closed no worker
+    empties it, so a resumed stream must raise rather than wait forever for room (a full-suite
+    run hung there when session.close() left the first queue full)."""
+    import threading
+
+    from edgeinfer.errors import SchedulerError
+    from edgeinfer.scheduler.pipeline import Pipeline
+
+    proto, model = cnn
+    feeds = requests_for(proto, 2)
+    with ei.Session(model, backend="onnxruntime", threads=2) as session:
+        plan = session.pipeline_plan(feeds[0], stages=2, replicas=1)
+        pipeline = Pipeline(plan, max_in_flight=1)
+        pipeline.close()  # its wake-up token fills the first queue (room for one): no room, no worker
+        assert pipeline._queues[0].full()
+        raised: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                list(pipeline.serve(feeds))
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                raised.append(exc)
+
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        consumer.join(timeout=10)
+        assert not consumer.is_alive(), "the resumed stream waited forever on a full queue"
+    assert len(raised) == 1 and isinstance(raised[0], SchedulerError)
+    assert "closed" in str(raised[0])
+
+
 def test_request_timeout():
     model = ei.convert(zoo.mlp_symbolic_batch(seed=3))
     engine = FaultyBackend("slow", sleep=1.0)
