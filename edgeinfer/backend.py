@@ -38,7 +38,10 @@ class CompileOptions:
 
 
 class Executable(ABC):
-    thread_safe: bool = False
+    thread_safe: bool = False  # may run from several threads at once
+    # Not thread safe: must it stay on the thread that compiled it (a GPU delegate's GL context),
+    # or may any thread run it, one at a time (a TFLite interpreter on the CPU)?
+    thread_affine: bool = True
 
     def __init__(self, graph: Graph):
         self.graph = graph

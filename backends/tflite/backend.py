@@ -53,6 +53,9 @@ class TFLiteExecutable(Executable):
         self.interpreter = interpreter
         self.flatbuffer = flatbuffer  # the interpreter reads the model from this buffer; keep it alive
         self._facts = dict(facts)
+        # On the CPU (builtin kernels, XNNPACK) any thread may invoke it, one at a time; a
+        # delegate may hold thread-bound state (the GPU delegate's GL context), so it stays put.
+        self.thread_affine = bool(self._facts.get("delegate"))
         self._inputs = [d["index"] for d in interpreter.get_input_details()]
         self._outputs = [d["index"] for d in interpreter.get_output_details()]
         self._shapes = [tuple(d["shape"]) for d in interpreter.get_input_details()]

@@ -40,8 +40,11 @@ def settle(future: Future, *, result: Any = None, error: BaseException | None = 
 
 
 class CompiledPart:
-    """A part compiled on its backend. An executable that is not thread safe (a TFLite
-    interpreter) is compiled once per calling thread, lazily; a thread-safe one is shared."""
+    """A part compiled on its backend. A thread-safe executable is shared. One that is not runs
+    one call at a time: if it may move between threads (``thread_affine=False``, a TFLite
+    interpreter on the CPU) the part lends idle copies to callers and compiles another only
+    when all are busy, so streams that come and go reuse them; if it is bound to the thread
+    that compiled it, each calling thread compiles its own, freed when the thread ends."""
 
     def __init__(self, part: Part, backend: Backend, options: CompileOptions):
         self.part = part
@@ -49,26 +52,50 @@ class CompiledPart:
         self.options = options
         first = backend.compile(part.graph, options)
         self.thread_safe = first.thread_safe
-        self.executables: list[Executable] = [first]
+        self.thread_affine = not first.thread_safe and first.thread_affine
+        self.first = first
+        self.compiled = 1  # executables compiled so far (the idle pool and thread-bound ones)
         self._lock = threading.Lock()
+        self._idle: list[Executable] = [first]
         self._local = threading.local()
         self._local.executable = first
         self.inputs = part.inputs
         self.outputs = part.outputs
 
     def executable(self) -> Executable:
-        if self.thread_safe:
-            return self.executables[0]
+        """The executable this thread would run now (thread safe: the shared one)."""
+        if self.thread_safe or not self.thread_affine:
+            return self.first
+        return self._bound()
+
+    def _bound(self) -> Executable:
         executable = getattr(self._local, "executable", None)
         if executable is None:
-            executable = self.backend.compile(self.part.graph, self.options)
-            with self._lock:
-                self.executables.append(executable)
+            executable = self._compile()
             self._local.executable = executable
         return executable
 
+    def _compile(self) -> Executable:
+        executable = self.backend.compile(self.part.graph, self.options)
+        with self._lock:
+            self.compiled += 1
+        return executable
+
     def run(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        return self.executable().run({name: env[name] for name in self.inputs})
+        feeds = {name: env[name] for name in self.inputs}
+        if self.thread_safe:
+            return self.first.run(feeds)
+        if self.thread_affine:
+            return self._bound().run(feeds)
+        with self._lock:
+            executable = self._idle.pop() if self._idle else None
+        if executable is None:
+            executable = self._compile()
+        try:
+            return executable.run(feeds)
+        finally:
+            with self._lock:
+                self._idle.append(executable)
 
 
 class PlanRunner:

@@ -105,18 +105,58 @@ def test_run_is_thread_safe_under_8_threads_x_200_requests(backend, executor):
 
 
 def test_non_thread_safe_executables_get_one_per_thread(inception):
+    """Bound to the thread that compiled it (a GPU delegate): each calling thread compiles its
+    own, and it is freed when the thread ends."""
+    import gc
+    import weakref
+
     proto, model = inception
     engine = FaultyBackend("single", thread_safe=False)
     feeds = zoo.example_inputs(proto, seed=2)
     reference = ei.Session(model).run(feeds)
     with ei.Session(model, backend=[engine, "numpy"], threads=1) as session:
         compiles_before = engine.compiles
+        seen: list[weakref.ref] = []
+
+        def call(_):
+            seen.extend(weakref.ref(p.executable()) for p in session._runner.parts if p.backend is engine)
+            return session.run(feeds)
+
         with ThreadPoolExecutor(4) as pool:
-            outs = list(pool.map(lambda _: session.run(feeds), range(16)))
+            outs = list(pool.map(call, range(16)))
         assert engine.violations == 0
         assert engine.compiles > compiles_before  # the worker threads compiled their own
+        gc.collect()
+        assert not any(ref() is not None for ref in seen)  # freed with their threads: no leak
     for out in outs:
         assert_close(out["logits"], reference["logits"])
+
+
+def test_movable_executables_are_lent_one_caller_at_a_time_and_reused(inception):
+    """Not thread safe but free to change threads (a TFLite interpreter on the CPU): callers
+    borrow an idle copy, a new one is compiled only while all are busy, and later threads and
+    streams reuse them instead of compiling again."""
+    proto, model = inception
+    engine = FaultyBackend("movable", thread_safe=False, thread_affine=False)
+    feeds = zoo.example_inputs(proto, seed=2)
+    reference = ei.Session(model).run(feeds)
+    with ei.Session(model, backend=[engine, "numpy"], threads=1) as session:
+        for _ in range(3):  # three rounds of fresh threads
+            with ThreadPoolExecutor(4) as pool:
+                outs = list(pool.map(lambda _: session.run(feeds), range(16)))
+            for out in outs:
+                assert_close(out["logits"], reference["logits"])
+        parts = [p for p in session._runner.parts if p.backend is engine]
+        assert engine.violations == 0
+        assert all(1 <= p.compiled <= 4 for p in parts)  # at most one per concurrent caller
+        first = list(session.stream([feeds] * 6, stages=2, replicas=1))  # plans (profiles, compiles stages)
+        compiled = engine.compiles
+        for _ in range(3):  # every stream starts fresh worker threads
+            again = list(session.stream([feeds] * 6, stages=2, replicas=1))
+            for out in again:
+                assert_close(out["logits"], first[0]["logits"])
+        assert engine.violations == 0
+        assert engine.compiles == compiled  # the stages' copies are reused, not compiled again
 
 
 def test_run_async_returns_futures_in_any_order(inception):

@@ -32,7 +32,36 @@ def test_installed_and_not_thread_safe(cnn):
     assert backend.name == "tflite" and backend.device == "cpu"
     executable = backend.compile(cnn[0].graph, CompileOptions(threads=2))
     assert executable.thread_safe is False
+    assert executable.thread_affine is False  # on the CPU any thread may invoke it, one at a time
     assert executable.stats()["num_threads"] == 2
+
+
+def test_an_interpreter_moves_between_threads_and_streams_reuse_it(cnn):
+    """A CPU interpreter may be invoked from any thread, one call at a time: stream workers
+    (fresh threads every stream) borrow the stage's interpreters instead of compiling their own,
+    and a delegate's interpreter stays on the thread that made it."""
+    import threading
+
+    from edgeinfer.backends.tflite.backend import TFLiteExecutable
+
+    model, feeds = cnn
+    expected = ei.Session(model).run(feeds)["logits"]
+    with ei.Session(model, backend="tflite", threads=2) as session:
+        outs = list(session.stream([feeds] * 4, stages=1, replicas=2))
+        parts = [p for stage in session.pipeline_plan(feeds, stages=1, replicas=2).stages
+                 for runner in stage.runners for p in runner.parts]
+        compiled = sum(p.compiled for p in parts)
+        outs += list(session.stream([feeds] * 4, stages=1, replicas=2))
+        assert sum(p.compiled for p in parts) == compiled
+        moved: list[np.ndarray] = []
+        worker = threading.Thread(target=lambda: moved.append(session.executable.run(feeds)["logits"]))
+        worker.start()
+        worker.join()
+    for got in [o["logits"] for o in outs] + moved:
+        assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    first = session.executable
+    delegated = TFLiteExecutable(model.graph, first.interpreter, first.flatbuffer, {"delegate": "libgpu.so"})
+    assert delegated.thread_affine is True
 
 
 @pytest.mark.parametrize("op_resolver", ["auto", "builtin", "reference"])
