@@ -148,14 +148,15 @@ class SequentialExecutor(PlanRunner):
 
 
 class _Run:
-    """One request through the DAG: its values, what each part still waits for, the parts ready
-    to run, and the first error. ``cond`` guards all of it."""
+    """One request through the DAG: its values, what each part still waits for, how many parts
+    still read each value, the parts ready to run, and the first error. ``cond`` guards all of it."""
 
-    __slots__ = ("env", "pending", "remaining", "ready", "cond", "error")
+    __slots__ = ("env", "pending", "readers", "remaining", "ready", "cond", "error")
 
-    def __init__(self, feeds: dict[str, Any], counts: list[int], roots: list[int]):
+    def __init__(self, feeds: dict[str, Any], counts: list[int], roots: list[int], readers: dict[str, int]):
         self.env = dict(feeds)
         self.pending = list(counts)
+        self.readers = dict(readers)
         self.remaining = len(counts)
         self.ready: deque[int] = deque(roots)
         self.cond = threading.Condition(threading.Lock())
@@ -182,6 +183,14 @@ class DagExecutor(PlanRunner):
                 self._consumers[dep].append(index)
         self._counts = [len(deps) for deps in self._waits_for]
         self._roots = [i for i, count in enumerate(self._counts) if count == 0]
+        # values dropped once the last part reading them is done (graph outputs are kept), so a
+        # request holds no more activations than the parts in flight need, as in SequentialExecutor
+        keep = set(self.output_names)
+        self._readers: dict[str, int] = {}
+        for part in self.parts:
+            for name in part.inputs:
+                if name not in keep:
+                    self._readers[name] = self._readers.get(name, 0) + 1
         self.workers = workers
         self._offers: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._helpers = [threading.Thread(target=self._serve, name=f"edgeinfer-dag-{i}", daemon=True)
@@ -196,7 +205,7 @@ class DagExecutor(PlanRunner):
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._closed:
             raise SchedulerError("DAG executor: run after close(); create a new Session")
-        run = _Run(feeds, self._counts, self._roots)
+        run = _Run(feeds, self._counts, self._roots, self._readers)
         self._offer(run, len(run.ready) - 1)
         self._drive(run, owner=True)
         if run.error is not None:
@@ -263,6 +272,14 @@ class DagExecutor(PlanRunner):
                 return
             with cond:
                 run.env.update(results)
+                for name in self.parts[index].inputs:
+                    left = run.readers.get(name)
+                    if left is not None:
+                        if left == 1:
+                            del run.readers[name]
+                            run.env.pop(name, None)
+                        else:
+                            run.readers[name] = left - 1
                 run.remaining -= 1
                 newly = 0
                 for consumer in self._consumers[index]:

@@ -65,6 +65,31 @@ def test_dag_branches_overlap_on_two_threads_and_chains_stay_on_the_callers():
     assert len({thread for _, thread, _, _ in calls}) == 2
 
 
+def test_dag_executor_drops_each_value_after_its_last_reader(inception, monkeypatch):
+    """A request keeps only the activations parts still have to read (and the graph outputs),
+    not every value of the graph until it ends."""
+    from edgeinfer.scheduler.executors import CompiledPart
+
+    proto, model = inception
+    feeds = zoo.example_inputs(proto, seed=1)
+    reference = ei.Session(model).run(feeds)
+    held: list[set[str]] = []
+    original = CompiledPart.run
+
+    def recording(self, env):
+        held.append(set(env))
+        return original(self, env)
+
+    monkeypatch.setattr(CompiledPart, "run", recording)
+    with ei.Session(model, backend="numpy", threads=2, executor="dag") as session:
+        got = session.run(feeds)
+        parts = session.plan.parts
+    assert_close(got["logits"], reference["logits"])
+    produced = {name for part in parts for name in part.outputs} | set(feeds)
+    assert len(held) == len(parts)
+    assert max(len(values) for values in held) < len(produced) / 2
+
+
 def test_dag_executor_serves_multi_head_outputs():
     model = ei.convert(parse_model("""
         <ir_version: 8, opset_import: ["" : 17]>
