@@ -118,8 +118,9 @@ def release_blas() -> None:
 # encoder's 33.5M FFN GEMMs; ResNet-50's convs at 51M and up) get the run's threads in BLAS.
 # Our own row blocks on Python threads do not pay at this size: that FFN GEMM took 0.58 ms on
 # one BLAS thread, 0.50 on two and 0.78 in two row blocks on two Python threads (GIL hand-offs
-# and a helper's wake-up; ``bench_timing_effects.py --only blas``), and lowering this from 40M
-# to 30M took the encoder block from 3.25-3.34x onnxruntime's time to 2.34-2.54x. Smaller GEMMs
+# and a helper's wake-up; ``bench_timing_effects.py --only blas``). Lowering this from 40M to
+# 30M, with the 4M-element floor on split elementwise work below, took the encoder block from
+# 3.25-3.34x onnxruntime's time to 2.34-2.54x (``bench_backends.py``). Smaller GEMMs
 # stay on one BLAS thread: a BLAS helper that has lost its core stalls the whole call for a
 # time slice, and OpenBLAS's workers spin for ~120 ms of CPU after each multi-threaded call.
 BLAS_SPLIT_MACS = 30_000_000
@@ -169,7 +170,7 @@ def _helpers() -> ThreadPoolExecutor:
 # Work below this many elements runs on the calling thread alone. Two Python threads running
 # numpy ufuncs hand the GIL back and forth at every call, and on this 2-core VM that costs more
 # than it saves until the work is large: GELU on a 128x1024 block, cut in 2/4/8 chunks, took
-# 653/670/741 us on one thread and 747/901/1154 us shared with a helper
+# 720/740/797 us on one thread and 850/1092/1384 us shared with a helper
 # (``bench_timing_effects.py --only ufunc_threads``); the encoder block then ran slower at
 # threads=2 than at threads=1 (3.70 against 3.38 ms). Depthwise blocks of the big maps and
 # ResNet-50's epilogues are still above it.
