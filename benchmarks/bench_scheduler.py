@@ -5,7 +5,8 @@ Four measurements, each with every contender timed in interleaved blocks
 timed beside another engine's spinning threads) so machine noise hits them alike:
 
 1. overhead: edgeinfer's onnxruntime backend against raw onnxruntime on the same ONNX model
-   (median latency, batch 1);
+   (median latency, batch 1), and likewise the openvino and tflite backends against raw
+   OpenVINO and LiteRT;
 2. auto: ``Session(backend="auto")`` against every raw engine installed (onnxruntime,
    OpenVINO, and LiteRT on the ``.tflite`` edgeinfer exports), on each model;
 3. streams: requests served by the pipeline planner (``Session.stream``, stages and replicas
@@ -62,10 +63,11 @@ def bench_latency(name: str, proto: onnx.ModelProto, model: ei.Model, feeds: dic
     litert = raw_litert(model, threads)
     if litert is not None:
         raw["litert"] = litert
-    ours = ei.Session(model, backend="onnxruntime", threads=threads)
+    backend_of = {"onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "tflite"}
+    ours = {engine: ei.Session(model, backend=backend_of[engine], threads=threads) for engine in raw}
     auto = ei.Session(model, backend="auto", threads=threads, cache=cache)
     runs = {f"raw {engine}": (lambda r=r: r(feeds)) for engine, r in raw.items()}
-    runs["edgeinfer onnxruntime"] = lambda: ours.run(feeds)
+    runs.update({f"edgeinfer {backend_of[engine]}": (lambda s=s: s.run(feeds)) for engine, s in ours.items()})
     runs["edgeinfer auto"] = lambda: auto.run(feeds)
     ms = medians_ms(runs, rounds)
     fastest = min((k for k in ms if k.startswith("raw ")), key=ms.get)
@@ -73,10 +75,12 @@ def bench_latency(name: str, proto: onnx.ModelProto, model: ei.Model, feeds: dic
         "model": name, "median_ms": ms, "auto_choice": "+".join(auto.auto_choice.backends),
         "auto_measured_ms": auto.auto_choice.median_ms,
         "overhead_vs_raw_onnxruntime": ms["edgeinfer onnxruntime"] / ms["raw onnxruntime"] - 1,
+        # each backend against its own engine run directly (LiteRT on the .tflite edgeinfer writes)
+        "overhead_vs_raw": {backend_of[e]: ms[f"edgeinfer {backend_of[e]}"] / ms[f"raw {e}"] - 1 for e in raw},
         "fastest_raw": fastest, "auto_vs_fastest_raw": ms["edgeinfer auto"] / ms[fastest] - 1,
     }
-    ours.close()
-    auto.close()
+    for session in (*ours.values(), auto):
+        session.close()
     return result
 
 
@@ -170,7 +174,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"threads={results['threads']}, machine: {results['machine']['cpus']} CPUs, "
              f"{results['machine']['processor'] or results['machine']['machine']}", "",
              "| model | raw onnxruntime | raw OpenVINO | raw LiteRT | edgeinfer onnxruntime (overhead) "
-             "| edgeinfer auto (choice, vs fastest raw) |", "|---|---|---|---|---|---|"]
+             "| edgeinfer auto (choice, vs fastest raw) | every backend vs its raw engine |",
+             "|---|---|---|---|---|---|---|"]
     for r in results["latency"]:
         ms = r["median_ms"]
 
@@ -179,7 +184,8 @@ def markdown(results: dict[str, Any]) -> str:
 
         lines.append(f"| {r['model']} | {cell('raw onnxruntime')} | {cell('raw openvino')} | {cell('raw litert')} "
                      f"| {cell('edgeinfer onnxruntime')} ({r['overhead_vs_raw_onnxruntime']:+.1%}) "
-                     f"| {cell('edgeinfer auto')} ({r['auto_choice']}, {r['auto_vs_fastest_raw']:+.1%}) |")
+                     f"| {cell('edgeinfer auto')} ({r['auto_choice']}, {r['auto_vs_fastest_raw']:+.1%}) "
+                     f"| {', '.join(f'{b} {v:+.1%}' for b, v in r['overhead_vs_raw'].items())} |")
     if results["stream"]:
         labels = list(results["stream"][0]["per_s"])
         lines += ["", "| model (requests/s) | " + " | ".join(labels) + " | best edgeinfer vs raw sequential "
