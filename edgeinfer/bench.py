@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
+from edgeinfer.benchmark import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 from edgeinfer.memory import PeakRSS
 from edgeinfer.model import Model
 from edgeinfer.progress import NoProgress, Progress
@@ -175,7 +175,11 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 contenders.append(contender)
             progress.advance()
         progress.describe("timing (interleaved blocks)")
-        times = _timed_rounds({c.label: c.run for c in contenders}, runs, progress)
+        # the numpy backend's big GEMMs leave OpenBLAS's workers spinning: settle past them
+        numpy_runs = any(c.session is not None and any(p.backend == "numpy" for p in c.session.plan.parts)
+                         for c in contenders)
+        times = _timed_rounds({c.label: c.run for c in contenders}, runs, progress,
+                              settle_s=BLAS_SPIN_S if numpy_runs else ENGINE_SETTLE_S)
         reports = []
         for contender in contenders:
             session = contender.session
@@ -274,7 +278,8 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
     return contender.memory.increase, contender.memory.method
 
 
-def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: Progress) -> dict[str, list[float]]:
+def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: Progress, *,
+                  settle_s: float = ENGINE_SETTLE_S) -> dict[str, list[float]]:
     """About ``calls`` timed calls per contender, in blocks (``edgeinfer.benchmark.time_engines``:
     no engine is timed beside another's spinning threads), interleaved in chunks of an even
     number of rounds (so the order still alternates), advancing the progress bar between chunks,
@@ -285,7 +290,7 @@ def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: P
     done = 0
     while done < rounds:
         count = min(chunk, rounds - done)
-        timed = time_interleaved(runs, rounds=count, block=ENGINE_BLOCK, settle=ENGINE_SETTLE, settle_s=ENGINE_SETTLE_S)
+        timed = time_interleaved(runs, rounds=count, block=ENGINE_BLOCK, settle=ENGINE_SETTLE, settle_s=settle_s)
         for name, samples in timed.items():
             times[name].extend(samples)
         done += count
