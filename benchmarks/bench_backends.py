@@ -27,7 +27,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,36 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2": lambda: zoo.mobilenet_v2(size=224),
     "transformer": lambda: zoo.transformer_encoder_block(seq=128, d=256, heads=4),  # encoder block, 0.8M params
 }
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """Median, p90 and min in ms of timed calls, and how many there were."""
+    samples = np.asarray(seconds) * 1e3
+    return {"median_ms": float(np.median(samples)), "p90_ms": float(np.percentile(samples, 90)),
+            "min_ms": float(samples.min()), "rounds": len(samples)}
+
+
+def timing_parser(description: str, models: Sequence[str], default: Sequence[str], per: str) -> argparse.ArgumentParser:
+    """The options every latency script here takes (``per``: what one timed contender is)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--models", nargs="+", choices=list(models), default=list(default))
+    parser.add_argument("--threads", type=int, default=2, help=f"threads per {per} (default 2)")
+    parser.add_argument("--rounds", type=int, default=20, help=f"timed runs per {per} (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help=f"untimed runs per {per} first (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    return parser
+
+
+def add_optimize_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--optimize", type=int, default=2, choices=(0, 1, 2),
+                        help="optimization level of the converted model (default 2)")
+
+
+def parse_timing_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--threads and --rounds must be positive, --warmup not negative")
+    return args
 
 
 def max_relative_difference(got: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
@@ -76,9 +106,7 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
         "numpy_fallback_ops": sessions["numpy"].stats().get("fallback_ops", {}),
     }
     for backend in BACKENDS:
-        samples = np.array(times[backend]) * 1e3
-        result[backend] = {"median_ms": float(np.median(samples)), "p90_ms": float(np.percentile(samples, 90)),
-                           "min_ms": float(samples.min()), "rounds": len(samples)}
+        result[backend] = latency_summary(times[backend])
     result["ratio_numpy_over_onnxruntime"] = result["numpy"]["median_ms"] / result["onnxruntime"]["median_ms"]
     if floor and (estimate := floor_estimate(model, threads)) is not None:
         result["floor"] = estimate
@@ -190,19 +218,11 @@ def environment(threads: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="numpy backend vs onnxruntime latency")
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
-    parser.add_argument("--threads", type=int, default=2, help="threads per session (default 2)")
-    parser.add_argument("--rounds", type=int, default=20, help="timed runs per backend (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per backend first (default 3)")
-    parser.add_argument("--optimize", type=int, default=2, choices=(0, 1, 2),
-                        help="optimization level of the converted model (default 2)")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser = timing_parser("numpy backend vs onnxruntime latency", sorted(MODELS), list(MODELS), "backend")
+    add_optimize_argument(parser)
     parser.add_argument("--floor", action="store_true",
                         help="also time the unavoidable numpy calls of each node alone and sum them")
-    args = parser.parse_args(argv)
-    if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
-        parser.error("--threads and --rounds must be positive, --warmup not negative")
+    args = parse_timing_args(parser, argv)
     results = []
     for name in args.models:
         results.append(bench_model(name, threads=args.threads, rounds=args.rounds, warmup=args.warmup,

@@ -20,19 +20,23 @@ the medians. Usage::
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
 import platform
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from bench_backends import max_relative_difference  # the sibling script (benchmarks/ is sys.path[0])
+from bench_backends import (  # the sibling script (benchmarks/ is sys.path[0])
+    add_optimize_argument,
+    latency_summary,
+    max_relative_difference,
+    parse_timing_args,
+    timing_parser,
+)
 
 import edgeinfer as ei
 from edgeinfer import zoo
@@ -71,9 +75,7 @@ def bench_model(name: str, *, threads: int, rounds: int, warmup: int, optimize: 
                                       for c in ("ov_backend", "ort_backend")),
     }
     for contender in CONTENDERS:
-        samples = np.array(times[contender]) * 1e3
-        result[contender] = {"median_ms": float(np.median(samples)), "p90_ms": float(np.percentile(samples, 90)),
-                             "min_ms": float(samples.min()), "rounds": len(samples)}
+        result[contender] = latency_summary(times[contender])
     median = {contender: result[contender]["median_ms"] for contender in CONTENDERS}
     result["backend_overhead_vs_raw_pct"] = 100.0 * (median["ov_backend"] / median["ov_raw"] - 1.0)
     result["ratio_ov_backend_over_ort_backend"] = median["ov_backend"] / median["ort_backend"]
@@ -102,17 +104,10 @@ def environment(threads: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="OpenVINO backend vs raw OpenVINO vs onnxruntime backend latency")
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
-    parser.add_argument("--threads", type=int, default=2, help="threads per contender (default 2)")
-    parser.add_argument("--rounds", type=int, default=20, help="timed runs per contender (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per contender first (default 3)")
-    parser.add_argument("--optimize", type=int, default=2, choices=(0, 1, 2),
-                        help="optimization level of the converted model (default 2)")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
-        parser.error("--threads and --rounds must be positive, --warmup not negative")
+    parser = timing_parser("OpenVINO backend vs raw OpenVINO vs onnxruntime backend latency", sorted(MODELS),
+                           list(MODELS), "contender")
+    add_optimize_argument(parser)
+    args = parse_timing_args(parser, argv)
     results = []
     for name in args.models:
         results.append(bench_model(name, threads=args.threads, rounds=args.rounds, warmup=args.warmup,

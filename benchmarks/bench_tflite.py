@@ -16,17 +16,21 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from bench_backends import environment, max_relative_difference
+from bench_backends import (
+    environment,
+    latency_summary,
+    max_relative_difference,
+    parse_timing_args,
+    timing_parser,
+)
 
 import edgeinfer as ei
 from edgeinfer import zoo
@@ -72,9 +76,7 @@ def bench_variant(variant: str, *, threads: int, rounds: int, warmup: int, op_re
         "op_resolver": op_resolver,
     }
     for backend in BACKENDS:
-        samples = np.array(times[backend]) * 1e3
-        result[backend] = {"median_ms": float(np.median(samples)), "p90_ms": float(np.percentile(samples, 90)),
-                           "min_ms": float(samples.min()), "rounds": len(samples)}
+        result[backend] = latency_summary(times[backend])
     result["ratio_tflite_over_onnxruntime"] = result["tflite"]["median_ms"] / result["onnxruntime"]["median_ms"]
     return result
 
@@ -92,18 +94,11 @@ def print_table(results: list[dict[str, Any]], threads: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="tflite backend vs onnxruntime latency")
-    parser.add_argument("--models", nargs="+", choices=VARIANTS, default=["mobilenet_v2", "mobilenet_v2-int8",
-                                                                          "transformer", "resnet50"])
-    parser.add_argument("--threads", type=int, default=2, help="threads per session (default 2)")
-    parser.add_argument("--rounds", type=int, default=20, help="timed runs per backend (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed runs per backend first (default 3)")
+    parser = timing_parser("tflite backend vs onnxruntime latency", VARIANTS,
+                           ["mobilenet_v2", "mobilenet_v2-int8", "transformer", "resnet50"], "backend")
     parser.add_argument("--op-resolver", default="auto", choices=("auto", "builtin"),
                         help="tflite kernels: auto (XNNPACK, default) or builtin")
-    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
-    args = parser.parse_args(argv)
-    if args.threads < 1 or args.rounds < 1 or args.warmup < 0:
-        parser.error("--threads and --rounds must be positive, --warmup not negative")
+    args = parse_timing_args(parser, argv)
     results = []
     for variant in args.models:
         results.append(bench_variant(variant, threads=args.threads, rounds=args.rounds, warmup=args.warmup,

@@ -64,7 +64,7 @@ class CompiledPart:
 
     def executable(self) -> Executable:
         """The executable this thread would run now (thread safe: the shared one)."""
-        if self.thread_safe or not self.thread_affine:
+        if not self.thread_affine:  # thread safe, or lent to any thread
             return self.first
         return self._bound()
 

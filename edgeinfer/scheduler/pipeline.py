@@ -241,7 +241,7 @@ def _other_engines(session: Session) -> list[tuple[str, tuple[list[Backend], lis
     engine that takes the whole graph alone, as (name, (backends, backend per node)). One
     request at a time on all cores and several at once on one core each rank engines
     differently (intra-op scaling), so a stream measures them again."""
-    if getattr(session, "auto_choice", None) is None:
+    if session.auto_choice is None:
         return []
     from edgeinfer.backend import installed_backends
     from edgeinfer.scheduler import make_backends
