@@ -18,7 +18,7 @@ import pytest
 import edgeinfer as ei
 from edgeinfer.backend import installed_backends
 
-from .checks import RealModel, compare, export_path, native_outputs, run_onnxruntime, run_session, run_litert
+from .checks import RealModel, compare, export_path, native_outputs, run_litert, run_onnxruntime, run_session
 from .models_onnx import MODELS as ONNX_MODELS
 from .models_tflite import MODELS as TFLITE_MODELS
 from .models_torch import MODELS as TORCH_MODELS
