@@ -29,4 +29,4 @@ test: install
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check edgeinfer converters backends tests benchmarks models
+	$(BIN)/ruff check edgeinfer converters backends devkit tests benchmarks models

@@ -1,6 +1,6 @@
 """Latency of the numpy backend against onnxruntime on reference architectures.
 
-For each model: build it (``edgeinfer.zoo``), convert it (default passes), open one session
+For each model: build it (``devkit.zoo``), convert it (default passes), open one session
 per backend with the same thread count, check both give the same outputs, warm up, then time
 the two sessions alternately (the first one switches every round), so that noise from the
 machine hits both alike. Reports median and p90 latency per backend and the ratio
@@ -26,6 +26,7 @@ import functools
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,10 +35,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.benchmark import BLAS_SPIN_S, time_engines
+from devkit import zoo
 from edgeinfer.ir import Graph
+from edgeinfer.timing import BLAS_SPIN_S, time_engines
 
 BACKENDS = ("numpy", "onnxruntime")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {

@@ -3,7 +3,7 @@ Loop took before the native kernels: the whole loop in one fallback node) and on
 
 The bodies are small (a 16-wide recurrent cell: MatMul, Add, Tanh, a reduction and a compare),
 so the figure is mostly per-iteration overhead: preparing feeds, the step loop over the body,
-collecting scan outputs. Timing is interleaved (``edgeinfer.benchmark.time_engines``: interleaved blocks);
+collecting scan outputs. Timing is interleaved (``edgeinfer.timing.time_engines``: interleaved blocks);
 the median of the rounds is reported, in microseconds per iteration. Usage::
 
     python benchmarks/bench_control_flow.py [--iterations 500] [--rounds 7] [--threads 1]
@@ -20,7 +20,7 @@ import onnx.parser
 from onnx import numpy_helper
 
 import edgeinfer as ei
-from edgeinfer.benchmark import time_engines
+from edgeinfer.timing import time_engines
 
 WIDTH = 16
 

@@ -1,6 +1,6 @@
 """Latency of the OpenVINO backend against raw OpenVINO and the onnxruntime backend.
 
-For each model: build it (``edgeinfer.zoo``), convert it (``--optimize``, default 2), and
+For each model: build it (``devkit.zoo``), convert it (``--optimize``, default 2), and
 prepare three contenders with the same thread count, batch 1:
 
 - ``ov_backend``: ``ei.Session(model, backend="openvino")`` (lowered, exported, compiled);
@@ -10,7 +10,7 @@ prepare three contenders with the same thread count, batch 1:
 - ``ort_backend``: ``ei.Session(model, backend="onnxruntime")``.
 
 It checks that the three give the same outputs, warms up, then times them in interleaved
-rounds (``edgeinfer.benchmark.time_engines``: interleaved blocks), and reports median and p90 latency, the
+rounds (``edgeinfer.timing.time_engines``: interleaved blocks), and reports median and p90 latency, the
 backend's overhead over raw OpenVINO and the ratio OpenVINO backend / onnxruntime backend of
 the medians. Usage::
 
@@ -24,8 +24,10 @@ import functools
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,11 +40,13 @@ from bench_backends import (  # the sibling script (benchmarks/ is sys.path[0])
     timing_parser,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.benchmark import time_engines
+from devkit import zoo
+from edgeinfer.cli.peers import raw_openvino
 from edgeinfer.format.atomic import atomic_write_bytes
-from edgeinfer.peers import raw_openvino
+from edgeinfer.timing import time_engines
 
 CONTENDERS = ("ov_backend", "ov_raw", "ort_backend")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {

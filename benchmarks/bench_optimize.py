@@ -1,7 +1,7 @@
 """Latency of fp32 (no passes) against optimized fp32 (``--optimize 2``), per backend.
 
 The claim being checked: fusion never makes a model slower. For each model of
-``edgeinfer.zoo`` and each backend (onnxruntime, numpy), the unoptimized and the optimized
+``devkit.zoo`` and each backend (onnxruntime, numpy), the unoptimized and the optimized
 graph are compiled once, checked to give the same outputs, warmed up, then timed
 alternately (the one that goes first switches every round), so machine noise hits both
 alike. Reports median and p90 per variant and the speedup = median(fp32) / median(optimized);
@@ -18,16 +18,20 @@ import functools
 import json
 import os
 import platform
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.benchmark import time_interleaved
-from edgeinfer.testing import assert_close
+from devkit import zoo
+from devkit.testing import assert_close
+from edgeinfer.timing import time_interleaved
 
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "resnet50": lambda: zoo.resnet50(batch=1, size=224),

@@ -1,6 +1,6 @@
 """INT8 post-training quantization: latency on onnxruntime and accuracy on real data.
 
-For MobileNetV2 and ResNet-50 (``edgeinfer.zoo``, realistic BatchNorm statistics) at batch 1,
+For MobileNetV2 and ResNet-50 (``devkit.zoo``, realistic BatchNorm statistics) at batch 1,
 in one run, with the same thread count and on the onnxruntime backend:
 
 - ``fp32``: the converted model without optimization passes;
@@ -35,12 +35,14 @@ from typing import Any
 import numpy as np
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.benchmark import time_interleaved
+from devkit import zoo
 from edgeinfer.ir.onnx_io import graph_to_model
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, quantize_static
+from edgeinfer.timing import time_interleaved
 
 MODELS = {"mobilenet_v2": lambda: zoo.mobilenet_v2(size=224), "resnet50": lambda: zoo.resnet50(size=224)}
 TARGET_SPEEDUP = {"mobilenet_v2": 2.0, "resnet50": 2.5}

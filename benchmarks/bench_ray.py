@@ -13,16 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import ray
 from bench_scheduler import MODELS, raw_onnxruntime  # the sibling script (benchmarks/ is sys.path[0])
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import time_interleaved
+from devkit import zoo
+from edgeinfer.cli.bench import machine_facts
 from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.timing import time_interleaved
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,7 @@
 """The scheduler against the engines a user would otherwise run directly, all in one run.
 
 Four measurements, each with every contender timed in interleaved blocks
-(``edgeinfer.benchmark.time_engines``: a few calls per turn after untimed ones, so no engine is
+(``edgeinfer.timing.time_engines``: a few calls per turn after untimed ones, so no engine is
 timed beside another engine's spinning threads) so machine noise hits them alike:
 
 1. overhead: edgeinfer's onnxruntime backend against raw onnxruntime on the same ONNX model
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -34,12 +35,14 @@ from typing import Any
 
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import time_engines, time_interleaved
+from devkit import zoo
+from edgeinfer.cli.bench import machine_facts
+from edgeinfer.cli.peers import Runner, raw_litert, raw_onnxruntime, raw_openvino
 from edgeinfer.format.atomic import atomic_write_bytes
-from edgeinfer.peers import Runner, raw_litert, raw_onnxruntime, raw_openvino
+from edgeinfer.timing import time_engines, time_interleaved
 
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "mobilenet_v2": lambda: zoo.mobilenet_v2(size=224),

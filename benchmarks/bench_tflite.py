@@ -1,11 +1,11 @@
 """Latency of the tflite backend against onnxruntime on the same models, in one run.
 
-For each model: build it (``edgeinfer.zoo``), convert it (default passes) and, for the
+For each model: build it (``devkit.zoo``), convert it (default passes) and, for the
 ``-int8`` variants, quantize it (static INT8 with int8 activations, calibrated on 8 seeded
 samples). One session per backend with the same thread count runs the same IR: the tflite
 backend exports it to a .tflite flatbuffer (XNNPACK kernels by default; full-integer ops for
 the INT8 model), onnxruntime runs the ONNX export (QDQ fused into its integer kernels). The
-sessions are timed alternately (``edgeinfer.benchmark.time_engines``: interleaved blocks). Reports median
+sessions are timed alternately (``edgeinfer.timing.time_engines``: interleaved blocks). Reports median
 and p90 latency per backend, the ratio tflite / onnxruntime of the medians, the .tflite size
 and the largest difference between the two backends' outputs, relative to the output's range.
 Usage::
@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,9 +34,11 @@ from bench_backends import (
     timing_parser,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.benchmark import time_engines
+from devkit import zoo
+from edgeinfer.timing import time_engines
 
 BACKENDS = ("tflite", "onnxruntime")
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {

@@ -1,7 +1,7 @@
 """The machine effects behind the scheduler's design choices and its reported limits, measured.
 
 1. ``interleave``: OpenVINO on MobileNetV2 alone, with every call alternating with onnxruntime,
-   and in blocks (``edgeinfer.benchmark.time_engines``): why engines are timed in blocks.
+   and in blocks (``edgeinfer.timing.time_engines``): why engines are timed in blocks.
 2. ``scaling``: per model, onnxruntime at 2 intra-op threads and every engine at 1: the
    ceiling of any 2-core stream speed-up that overlaps batch-1 requests,
    2 * t(onnxruntime, 2 threads) / t(fastest engine, 1 thread).
@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -45,13 +46,16 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import scheduler, zoo
+from devkit import zoo
+from edgeinfer import scheduler
 from edgeinfer.backend import CompileOptions, get_backend
-from edgeinfer.bench import machine_facts
-from edgeinfer.benchmark import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
+from edgeinfer.cli.bench import machine_facts
+from edgeinfer.cli.peers import raw_litert, raw_onnxruntime, raw_openvino
 from edgeinfer.format.atomic import atomic_write_bytes
-from edgeinfer.peers import raw_litert, raw_onnxruntime, raw_openvino
+from edgeinfer.timing import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
 
 
 def median_ms(samples: list[float]) -> float:

@@ -2,15 +2,15 @@
 
 Copy this file to a board or a phone (Termux) where edgeinfer and its extras are installed and
 run it; it needs nothing else (no repository checkout, no network). For each model of
-``edgeinfer.zoo`` at the sizes below:
+``devkit.zoo`` at the sizes below:
 
 - fp32: the converted model (optimization level 2);
 - int8: ``ei.quantize`` (static QDQ, calibrated on random standard-normal inputs: the speed is
   representative, the accuracy is not measured here, see ``bench_quantize.py`` for that);
 
-and ``edgeinfer.bench.latency`` measures every installed backend that runs it, all timed
+and ``edgeinfer.cli.bench.latency`` measures every installed backend that runs it, all timed
 together in interleaved rounds: compile time, first run, latency (median, p90, batch 1) and
-the peak resident memory each backend added (``edgeinfer.memory``). A backend that cannot run a model is recorded with its
+the peak resident memory each backend added (``edgeinfer.cli.memory``). A backend that cannot run a model is recorded with its
 reason. It writes a markdown page (device facts, versions, the table, the command) and a JSON
 file with every figure. Usage::
 
@@ -34,9 +34,12 @@ from typing import Any
 
 import onnx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import bench, zoo
+from devkit import zoo
 from edgeinfer.backend import installed_backends
+from edgeinfer.cli import bench
 from edgeinfer.format.atomic import atomic_write_bytes
 
 MODELS: dict[str, tuple[str, Callable[[], onnx.ModelProto]]] = {

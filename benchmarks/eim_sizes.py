@@ -24,8 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
 from edgeinfer.format.sizes import size_breakdown
 from edgeinfer.quantize.static import calibrate, quantize_static
 

@@ -8,7 +8,7 @@ Each limit is far above what a real edge model needs and low enough that a hosti
 cannot exhaust memory, the stack or the CPU.
 
 The constants are what the loaders import; ``LIMITS`` describes them, and
-``limits_markdown()`` renders ``docs/limits.md`` (``python -m edgeinfer.docs``), so the
+``limits_markdown()`` renders ``docs/limits.md`` (``python -m devkit.docs``), so the
 documentation cannot drift from the code (``tests/robustness/test_limits.py``).
 """
 

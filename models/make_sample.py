@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from edgeinfer import zoo
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
+from devkit import zoo
 from edgeinfer.format.atomic import atomic_write_bytes
 
 MODEL_SEED = 2024

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 
-from edgeinfer.testing import parse_model as parse
+from devkit.testing import parse_model as parse
 
 
 @pytest.fixture

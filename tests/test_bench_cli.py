@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
-from edgeinfer import bench, peers, zoo
-from edgeinfer.cli import main
+from devkit import zoo
+from devkit.testing import assert_close
+from edgeinfer.cli import bench, main, peers
+from edgeinfer.cli.memory import PeakRSS
 from edgeinfer.errors import BackendError, InputError
-from edgeinfer.memory import PeakRSS
-from edgeinfer.testing import assert_close
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_peak_rss_sees_an_allocation_inside_the_block():
 
 
 def test_peak_rss_sampler_when_the_kernel_mark_cannot_be_reset(monkeypatch):
-    from edgeinfer import memory
+    from edgeinfer.cli import memory
 
     monkeypatch.setattr(memory, "_reset_high_water_mark", lambda: False)
     size = 64 * 1024 * 1024
@@ -191,7 +191,7 @@ def test_bench_bad_options_are_one_line_errors(tmp_path, onnx_file, args, messag
 def test_progress_bar_goes_to_stderr_only_for_a_terminal(onnx_file, monkeypatch):
     import sys
 
-    from edgeinfer import progress
+    from edgeinfer.cli import progress
 
     assert not progress.shows_progress(quiet=False)  # pytest's stderr is not a terminal
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from onnx import helper
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.cli import main
-from edgeinfer.testing import assert_close
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The generated tables in docs/ match the registries (regenerate: python -m edgeinfer.docs)."""
+"""The generated tables in docs/ match the registries (regenerate: python -m devkit.docs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from edgeinfer.docs import GENERATORS, render_all
+from devkit.docs import GENERATORS, render_all
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -17,4 +17,4 @@ def test_generated_docs_are_up_to_date(name):
     text = (DOCS / name).read_text()
     if "known to onnx " in text and f"known to onnx {onnx.__version__} " not in text:
         pytest.skip(f"docs/{name} was generated with another onnx release than {onnx.__version__}")
-    assert render_all()[name] == text, f"docs/{name} is stale: run python -m edgeinfer.docs"
+    assert render_all()[name] == text, f"docs/{name} is stale: run python -m devkit.docs"

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
-from edgeinfer import graphview, zoo
-from edgeinfer.cli import main
+from devkit import zoo
+from edgeinfer.cli import graphview, main
 from edgeinfer.ir.cost import node_flops
 
 

@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.converters.onnx import export
-from edgeinfer.testing import assert_close
 
 RTOL, ATOL = 1e-4, 1e-5  # different engines, summation orders and folded BatchNormalization
 MODELS = {

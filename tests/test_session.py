@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import parse_model
 from edgeinfer.errors import BackendError, InputError
-from edgeinfer.testing import parse_model
 
 
 @pytest.fixture

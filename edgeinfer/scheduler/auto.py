@@ -3,7 +3,7 @@
 Candidates: each installed engine on its own (with numpy for what it cannot run), all of them
 in the default priority order when several are installed, and numpy alone. Each candidate is
 partitioned and compiled, then timed on the model's input shapes (random feeds, symbolic dims
-at 1) in interleaved blocks (``edgeinfer.benchmark.time_engines``), so machine noise hits
+at 1) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
 them alike and no engine is timed beside another's spinning threads; the lowest median wins. A candidate more than 3x slower than the best after a
 first short round is dropped early (numpy on a big convolutional net).
 
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.backend import installed_backends
-from edgeinfer.benchmark import time_engines
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.model import Model
+from edgeinfer.timing import time_engines
 
 log = logging.getLogger("edgeinfer.scheduler.auto")
 CACHE_FILE = "auto-backends.json"

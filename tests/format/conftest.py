@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import parse_model
 from edgeinfer.ir import Graph, Node, Value, dtypes
-from edgeinfer.testing import parse_model
 
 # The layout as documented in edgeinfer/format/eim.py, restated here on purpose: the tests
 # check the file against the documentation, not against the writer's own constants.

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.ir import Graph, Node, TypeSpec, Value, dtypes
-from edgeinfer.testing import assert_close
 
 HEADER_SIZE = 72  # the fixed header, as documented in edgeinfer/format/eim.py
 

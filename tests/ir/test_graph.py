@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import ModelValidationError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.onnx_io import graph_from_model
-from edgeinfer.testing import assert_close, parse_model
 
 
 def chain_graph() -> Graph:

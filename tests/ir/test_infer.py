@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.ir.infer import infer_types, static_shape
 from edgeinfer.ir.onnx_io import graph_from_model
-from edgeinfer.testing import assert_close, parse_model
 
 
 def test_symbolic_batch_survives_inference(mlp_model):

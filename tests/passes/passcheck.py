@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.ir import Graph
 from edgeinfer.model import Model
 from edgeinfer.passes import run_pass
 from edgeinfer.passes.rules import explain
-from edgeinfer.testing import assert_close, parse_model
 
 SYMBOL_SIZE = 2
 

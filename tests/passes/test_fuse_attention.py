@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from passcheck import check_not_fired, check_rewrite, floats, graph_of, ops, random_feeds, run
 
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.passes import optimize
-from edgeinfer.testing import assert_close
 
 
 def bert_attention(rng, *, mask: bool = True, k_form: str = "single", scale_op: str = "Div",

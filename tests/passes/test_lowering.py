@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from passcheck import random_feeds, run
 
+from devkit.testing import assert_close
 from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import EDGEINFER_DOMAIN, Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.lowering import ACTIVATIONS, lower_graph
-from edgeinfer.testing import assert_close
 
 PARAMS = {"Clip": (-0.5, 0.75), "LeakyRelu": (0.1,), "HardSigmoid": (0.3, 0.45)}
 

@@ -2,10 +2,10 @@ import pytest
 from click.testing import CliRunner
 from passcheck import floats, graph_of, ops, random_feeds, run
 
+from devkit.testing import assert_close, parse_model
 from edgeinfer.cli import main
 from edgeinfer.errors import PassError
 from edgeinfer.passes import PIPELINE, PIPELINE_ORDER, graph_pass, load_all, manager, optimize
-from edgeinfer.testing import assert_close, parse_model
 
 
 def conv_bn_relu(rng) -> str:

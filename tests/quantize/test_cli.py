@@ -6,8 +6,8 @@ from click.testing import CliRunner
 from helpers import sqnr
 
 import edgeinfer as ei
-from edgeinfer import zoo
-from edgeinfer.quantize.cli import apply_quantization, quantize_command, quantize_options
+from devkit import zoo
+from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.errors import InputError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.quantize.data import (
@@ -12,7 +13,6 @@ from edgeinfer.quantize.data import (
     npy_folder,
     open_source,
 )
-from edgeinfer.testing import assert_close
 
 
 @pytest.fixture(scope="module")

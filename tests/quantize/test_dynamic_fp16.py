@@ -3,10 +3,10 @@ import pytest
 from helpers import ort_optimized_ops, reference_run, sqnr, weight_bytes
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.model import Model
 from edgeinfer.quantize import fp16_weights, quantize, quantize_dynamic
-from edgeinfer.testing import assert_close
 
 
 @pytest.fixture(scope="module")

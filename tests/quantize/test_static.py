@@ -3,12 +3,12 @@ import pytest
 from helpers import ort_optimized_ops, reference_run, sqnr
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph
 from edgeinfer.model import Model
 from edgeinfer.quantize.static import calibrate, quantize_static
-from edgeinfer.testing import assert_close, parse_model
 
 
 @pytest.fixture(scope="module")

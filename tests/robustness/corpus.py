@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 import edgeinfer as ei
-from edgeinfer.testing import parse_model
+from devkit.testing import parse_model
 
 MLP_TEXT = """
     <ir_version: 8, opset_import: ["" : 17]>

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.backend import available_backends
 from edgeinfer.errors import EdgeInferError, InputError
-from edgeinfer.testing import assert_close
 
 BACKENDS = ["numpy", "onnxruntime"]
 CNN = Path(__file__).resolve().parents[2] / "models" / "sample_cnn.onnx"

@@ -9,12 +9,12 @@ import onnxruntime as ort
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.backend import get_backend, installed_backends
 from edgeinfer.backends.onnxruntime import device_providers
 from edgeinfer.errors import BackendError
 from edgeinfer.scheduler import auto
-from edgeinfer.testing import assert_close
 
 from .backends import RestrictedBackend
 

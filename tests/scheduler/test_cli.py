@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import parse_model
 from edgeinfer.cli import main
-from edgeinfer.testing import parse_model
 
 
 def invoke(*args):

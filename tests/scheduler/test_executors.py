@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError, SchedulerError
-from edgeinfer.testing import assert_close, parse_model
 
 from .backends import FAIL_MARK, FaultyBackend
 from .threads import edgeinfer_threads

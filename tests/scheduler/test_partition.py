@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError
 from edgeinfer.scheduler import build_executor, make_backends, make_plan
 from edgeinfer.scheduler.partition import split_branches
-from edgeinfer.testing import assert_close, parse_model
 
 from .backends import RestrictedBackend
 

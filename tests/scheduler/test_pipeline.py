@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.errors import BackendError, InputError, RequestTimeoutError
 from edgeinfer.scheduler.planner import crossing_bytes, replicate, split, throughput
-from edgeinfer.testing import assert_close
 
 from .backends import FAIL_MARK, SLOW_MARK, FaultyBackend
 from .threads import edgeinfer_threads

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError, SchedulerError
-from edgeinfer.testing import assert_close, parse_model
 
 ray = pytest.importorskip("ray")
 RTOL, ATOL = 1e-4, 1e-5
@@ -134,7 +134,7 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
     script = textwrap.dedent("""
         import psutil, ray
         import edgeinfer as ei
-        from edgeinfer import zoo
+        from devkit import zoo
         proto = zoo.mlp_symbolic_batch(seed=1)
         feeds = zoo.example_inputs(proto)
         session = ei.Session(ei.convert(proto), backend="onnxruntime", executor="ray", stages=2, replicas=1,

@@ -4,7 +4,7 @@ Every case of ``onnx.backend.test.case.node.collect_testcases()`` is converted w
 ``ei.convert`` and run with ``ei.Session(..., backend="numpy")``; outputs are compared with
 ``assert_close`` (dtype must match exactly; integers, strings and bools exactly; fp32/fp64 at
 rtol 1e-5 or the case's own tolerance where that is stricter; fp16/bf16 at the per-dtype
-tolerance of ``edgeinfer.testing``; float8/float4 within less than one rounding step). Every case runs once per test session:
+tolerance of ``devkit.testing``; float8/float4 within less than one rounding step). Every case runs once per test session:
 ``outcomes()`` caches the result of each, the parametrized tests report them one by one and
 ``test_pass_rate`` checks the acceptance criterion over all of them.
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer.testing import DEFAULT_TOLERANCES, assert_close
+from devkit.testing import DEFAULT_TOLERANCES, assert_close
 
 MIN_PASS_RATE = 0.90
 FP32_RTOL = 1e-5  # stricter than ONNX's own runner (1e-3): the numpy backend is the reference

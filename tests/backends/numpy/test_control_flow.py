@@ -16,10 +16,10 @@ import onnx
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backends.numpy import executor as executor_module
 from edgeinfer.backends.numpy.executor import NumpyBackend, NumpyExecutable
 from edgeinfer.errors import BackendError, UnsupportedOpError
-from edgeinfer.testing import assert_close, parse_model
 
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}]>\n'
 

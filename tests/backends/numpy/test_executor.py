@@ -8,11 +8,11 @@ import onnx.parser
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.backends.numpy import executor as executor_module
 from edgeinfer.backends.numpy.registry import KERNELS
 from edgeinfer.errors import BackendError, UnsupportedOpError
 from edgeinfer.registry import OpRegistry
-from edgeinfer.testing import assert_close
 
 CHAIN_LENGTH = 6
 N = 1000

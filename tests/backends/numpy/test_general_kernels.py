@@ -19,8 +19,8 @@ import onnx.parser
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.errors import BackendError
-from edgeinfer.testing import assert_close
 
 RNG = np.random.default_rng(1234)
 

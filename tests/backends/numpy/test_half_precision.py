@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close, parse_model
+from devkit.testing import assert_close, parse_model
 
 HALF_ATTENTION = re.compile(r"test_attention_\w*_(fp16|bf16)_expanded")
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.backends.numpy.registry import KERNELS
-from edgeinfer.testing import assert_close
 
 NN_OPS = frozenset({
     "Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "MaxPool", "AveragePool", "LpPool",

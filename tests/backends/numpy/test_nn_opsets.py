@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 
 def _model(op: str, opset: int, x: np.ndarray, consts: dict[str, np.ndarray] | None = None, n_outputs: int = 1,

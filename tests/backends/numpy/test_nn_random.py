@@ -16,7 +16,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.backends.numpy import parallel
 from edgeinfer.backends.numpy.kernels.fused import apply_activation
-from edgeinfer.testing import assert_close
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])

@@ -11,14 +11,14 @@ import onnxruntime as ort
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.backends.onnxruntime import lowerings as lowering_module
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.lowering import Lowered, LoweringContext
 from edgeinfer.ir.onnx_io import graph_to_model as export_model
 from edgeinfer.registry import OpRegistry
-from edgeinfer.testing import assert_close, parse_model
 
 RTOL, ATOL = 1e-4, 1e-5  # two engines, different summation orders and BN folding
 

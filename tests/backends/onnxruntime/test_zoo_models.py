@@ -1,4 +1,4 @@
-"""The reference architectures of ``edgeinfer.zoo``, run by onnxruntime: valid ONNX, the real
+"""The reference architectures of ``devkit.zoo``, run by onnxruntime: valid ONNX, the real
 architectures' parameter counts, deterministic per seed, and realistic activations (unit-ish
 scale inside, non-degenerate outputs)."""
 
@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from edgeinfer import zoo
+from devkit import zoo
 
 SMALL = {  # builder name -> keyword arguments that keep the test fast
     "cnn_residual_depthwise": {},

@@ -13,12 +13,12 @@ import onnxruntime as ort
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backend import CompileOptions, get_backend, installed_backends
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN
 from edgeinfer.ir.onnx_io import graph_to_model
-from edgeinfer.testing import assert_close, parse_model
 
 openvino = pytest.importorskip("openvino")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
 from edgeinfer.model import Model
 
 interpreter_module = pytest.importorskip("ai_edge_litert.interpreter")
@@ -53,7 +53,7 @@ def opcodes(data: bytes) -> list[str]:
 
 @pytest.fixture(scope="session")
 def zoo_models():
-    """name -> float ONNX model of ``edgeinfer.zoo`` (small sizes)."""
+    """name -> float ONNX model of ``devkit.zoo`` (small sizes)."""
     return {name: zoo.BUILDERS[name](**kwargs) for name, kwargs in ZOO.items()}
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.format.tflite import export_tflite
-from edgeinfer.testing import assert_close
 
 from .conftest import ZOO, opcodes, run_flatbuffer
 

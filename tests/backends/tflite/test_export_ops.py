@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.format.tflite import export_tflite, node_support
-from edgeinfer.testing import assert_close, parse_model
 
 from .conftest import opcodes, run_flatbuffer
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.format.tflite import export_tflite
-from edgeinfer.testing import assert_close
 
 from .conftest import opcodes, run_flatbuffer
 

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backend import CompileOptions, get_backend, installed_backends
 from edgeinfer.errors import BackendError, InputError, UnsupportedOpError
-from edgeinfer.testing import assert_close, parse_model
 
 GROUPED_CONV = """<ir_version: 8, opset_import: ["" : 17]>
 t (float[1, 4, 6, 6] x) => (float[1, 4, 6, 6] y) <float[4, 2, 1, 1] w = {1, 2, 3, 4, 5, 6, 7, 8}>

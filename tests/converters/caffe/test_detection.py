@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_nets import conv
 
+from devkit.testing import assert_close
 from edgeinfer.errors import ModelFormatError
-from edgeinfer.testing import assert_close
 
 # OpenCV decodes partly in double (``prior_width * .5``); boxes agree to a few float32 ulps.
 BOX_RTOL, BOX_ATOL = 1e-5, 1e-6

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.converters import caffe
 from edgeinfer.converters.caffe import read_caffemodel, write_caffemodel
 from edgeinfer.errors import EdgeInferError, ModelFormatError, UnsupportedOpError
-from edgeinfer.testing import assert_close
 
 SMALL = """
 name: "small"

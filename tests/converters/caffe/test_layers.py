@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 
 def net(shape: tuple[int, ...], body: str) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 
 def conv(name: str, bottom: str, outputs: int, kernel: int, *, stride: int = 1, pad: int = 0, group: int = 1,

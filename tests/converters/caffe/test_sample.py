@@ -52,8 +52,8 @@ def test_cli_converts_the_sample_and_runs_it(tmp_path):
     """`edgeinfer convert deploy.prototxt --weights net.caffemodel -o net.eim`, then `run`."""
     from click.testing import CliRunner
 
+    from devkit.testing import assert_close
     from edgeinfer.cli import main
-    from edgeinfer.testing import assert_close
 
     train = _load("train")
     _, images, _, _ = train.split()

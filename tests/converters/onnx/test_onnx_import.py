@@ -11,9 +11,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.converters.onnx import export, import_model
 from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
-from edgeinfer.testing import assert_close, parse_model
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

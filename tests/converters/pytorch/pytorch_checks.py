@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 # fp32 tolerances of the PyTorch converter issue: rtol 1e-4 / atol 1e-5 (kernels and exporter
 # decompositions reorder float operations relative to PyTorch's own kernels).

@@ -7,10 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.api import detect_frontend
 from edgeinfer.cli import main
 from edgeinfer.converters import tensorflow as tf_frontend
-from edgeinfer.testing import assert_close
 
 keras = pytest.importorskip("keras")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 # LSTM/GRU: TF's converter turns the recurrence into a WHILE loop whose float32 accumulation order
 # differs from Keras' kernel; errors stay around 1e-6 absolute on outputs of magnitude ~0.1.

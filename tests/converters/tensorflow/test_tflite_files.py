@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.ir import Graph, Value
 from edgeinfer.model import Model
-from edgeinfer.testing import assert_close
 
 interpreter_module = pytest.importorskip("ai_edge_litert.interpreter")
 BUILTIN_KERNELS = interpreter_module.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES

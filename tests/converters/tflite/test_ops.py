@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 tf = pytest.importorskip("tensorflow")
 litert = pytest.importorskip("ai_edge_litert.interpreter")

@@ -3,9 +3,9 @@
 Three phases, so one contender's measurement never disturbs another's:
 
 1. prepare, one contender at a time: compile (a ``Session``, or a raw engine for a peer), the
-   first run and the warm-up runs, inside ``PeakRSS`` (``edgeinfer.memory``): the peak
+   first run and the warm-up runs, inside ``PeakRSS`` (``edgeinfer.cli.memory``): the peak
    resident memory each contender added to the process;
-2. latency: all contenders timed in interleaved blocks (``edgeinfer.benchmark.time_engines`` style)
+2. latency: all contenders timed in interleaved blocks (``edgeinfer.timing.time_engines`` style)
    so machine noise hits them alike;
 3. profile, untimed: per-op times from a debug session of the numpy backend, or per-part
    times of a plan with several parts (each part's executable timed on its real inputs).
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.benchmark import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
-from edgeinfer.memory import PeakRSS
+from edgeinfer.cli.memory import PeakRSS
+from edgeinfer.cli.progress import NoProgress, Progress
 from edgeinfer.model import Model
-from edgeinfer.progress import NoProgress, Progress
+from edgeinfer.timing import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 
 STREAM_EXECUTORS = ("local", "ray")
 MEMORY_MODES = ("inline", "isolated")
@@ -131,7 +131,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             profile: bool = True, progress: Progress | None = None, skipped: dict[str, str] | None = None,
             memory: str = "inline", **session_options: Any) -> list[LatencyReport]:
     """Compile, memory, first run and interleaved latency of each backend (and raw-engine
-    ``peers``, see ``edgeinfer.peers``), with an untimed profile of each backend.
+    ``peers``, see ``edgeinfer.cli.peers``), with an untimed profile of each backend.
 
     ``memory="isolated"``: the peak memory of each contender is measured again in a fresh
     process of its own (model, feeds and options sent to it), so no contender pays for or
@@ -140,7 +140,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason).
     ``source``: the user's model file, which a peer of the same format runs directly.
     """
-    from edgeinfer import peers as raw
+    from edgeinfer.cli import peers as raw
     from edgeinfer.session import Session
 
     progress = progress or NoProgress()
@@ -261,7 +261,7 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
 
     model = load(path)
     if peer is not None:
-        from edgeinfer import peers as raw
+        from edgeinfer.cli import peers as raw
 
         def make() -> tuple[Any, Callable[[], Any]]:
             runner, _ = raw.prepare(peer, model, threads, source=source)
@@ -280,7 +280,7 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
 
 def _timed_rounds(runs: Mapping[str, Callable[[], Any]], calls: int, progress: Progress, *,
                   settle_s: float = ENGINE_SETTLE_S) -> dict[str, list[float]]:
-    """About ``calls`` timed calls per contender, in blocks (``edgeinfer.benchmark.time_engines``:
+    """About ``calls`` timed calls per contender, in blocks (``edgeinfer.timing.time_engines``:
     no engine is timed beside another's spinning threads), interleaved in chunks of an even
     number of rounds (so the order still alternates), advancing the progress bar between chunks,
     never inside a timed call."""

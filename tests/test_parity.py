@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import edgeinfer as ei
-from edgeinfer import verify as verification
 from edgeinfer.cli import main
+from edgeinfer.cli import parity as verification
 
 ROOT = Path(__file__).resolve().parents[1]
 LENET = ROOT / "models" / "caffe_lenet_digits"

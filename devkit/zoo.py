@@ -188,7 +188,7 @@ class _Builder:
               doc: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, self.initializers, doc_string=doc)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="edgeinfer.zoo", ir_version=IR_VERSION)
+                                  producer_name="devkit.zoo", ir_version=IR_VERSION)
         onnx.checker.check_model(model)
         return model
 

@@ -14,9 +14,9 @@ from typing import Any
 import click
 import numpy as np
 
-from edgeinfer.cli_support import handle_errors, one_line, parse_backend, session_options
+from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
+from edgeinfer.cli.support import handle_errors, one_line, parse_backend, session_options
 from edgeinfer.errors import InputError
-from edgeinfer.quantize.cli import apply_quantization, quantize_command, quantize_options
 
 WEIGHTS_HELP = "Weights file of a Caffe MODEL (.caffemodel), converted first."
 
@@ -89,7 +89,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
     """
     import edgeinfer as ei
-    from edgeinfer.progress import progress_bar, shows_progress
+    from edgeinfer.cli.progress import progress_bar, shows_progress
 
     options: dict[str, Any] = {}
     if weights is not None:
@@ -124,9 +124,9 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
 def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized: bool, tolerance: float | None,
             repro_dir: Path | None, quiet: bool) -> None:
     """Print the error of every output against the source framework; a mismatch is an error."""
+    from edgeinfer.cli.parity import DEFAULT_TOLERANCE, verify
+    from edgeinfer.cli.progress import progress_bar, shows_progress
     from edgeinfer.errors import ModelValidationError
-    from edgeinfer.progress import progress_bar, shows_progress
-    from edgeinfer.verify import DEFAULT_TOLERANCE, verify
 
     if tolerance is None:
         tolerance = 5e-2 if quantized else DEFAULT_TOLERANCE
@@ -253,7 +253,7 @@ def _write_run_json(path: Path, outputs: dict[str, np.ndarray], times_ms: np.nda
                     threads: int | None) -> None:
     import json
 
-    from edgeinfer.bench import percentiles
+    from edgeinfer.cli.bench import percentiles
     from edgeinfer.format.atomic import atomic_write_bytes
 
     def described(array: np.ndarray) -> dict[str, Any]:
@@ -324,7 +324,7 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
     """
     import json
 
-    from edgeinfer import graphview
+    from edgeinfer.cli import graphview
     from edgeinfer.format.atomic import atomic_write_bytes
 
     for path, suffix in ((dot_path, ".dot"), (html_path, ".html")):
@@ -453,11 +453,11 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     """
     import json
 
-    from edgeinfer import bench as measure
-    from edgeinfer import bench_tables as tables
+    from edgeinfer.cli import bench as measure
+    from edgeinfer.cli import tables
+    from edgeinfer.cli.peers import PEERS
+    from edgeinfer.cli.progress import progress_bar, shows_progress
     from edgeinfer.format.atomic import atomic_write_bytes
-    from edgeinfer.peers import PEERS
-    from edgeinfer.progress import progress_bar, shows_progress
 
     contenders = [parse_backend(text) for text in backends.split(",") if text.strip()]
     if not contenders:
@@ -525,6 +525,3 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 
 
 main.add_command(quantize_command)
-
-if __name__ == "__main__":
-    main()

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from edgeinfer.cli.progress import NoProgress, Progress
 from edgeinfer.errors import EdgeInferError, InputError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.model import Model
-from edgeinfer.progress import NoProgress, Progress
 
 DEFAULT_TOLERANCE = 1e-4
 Feeds = dict[str, np.ndarray]

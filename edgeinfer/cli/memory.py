@@ -15,7 +15,7 @@ kept is reused without raising the RSS, so in one process an earlier contender c
 pages a later one reuses, and only the first to load a shared library pays for it.
 ``edgeinfer bench`` measures each contender alone (compile, first run and warm-up runs), right
 after ``gc.collect()``, before timing them together; ``--memory isolated`` measures each again
-in a fresh process of its own (``edgeinfer.bench.isolated_peak_rss``), where neither happens.
+in a fresh process of its own (``edgeinfer.cli.bench.isolated_peak_rss``), where neither happens.
 """
 
 from __future__ import annotations

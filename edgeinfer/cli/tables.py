@@ -1,4 +1,4 @@
-"""The tables ``edgeinfer bench`` prints (rich), from the reports of ``edgeinfer.bench``."""
+"""The tables ``edgeinfer bench`` prints (rich), from the reports of ``edgeinfer.cli.bench``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer.bench import LatencyReport, StreamReport, peer_ratios
+from edgeinfer.cli.bench import LatencyReport, StreamReport, peer_ratios
 
 MIB = 1024 * 1024
 

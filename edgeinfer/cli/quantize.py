@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from edgeinfer.cli_support import handle_errors
+from edgeinfer.cli.support import handle_errors
 from edgeinfer.errors import InputError
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import DEFAULT_METHOD
@@ -67,7 +67,7 @@ def _calibration_options(fn):
 def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
               exclude: tuple[str, ...], quiet: bool = False, **extra: Any):
-    from edgeinfer.progress import shows_progress
+    from edgeinfer.cli.progress import shows_progress
     from edgeinfer.quantize import quantize
 
     if mode == "int8" and calib is None and not calib_random:
