@@ -57,6 +57,7 @@ ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "sessio
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
 log = logging.getLogger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
+_CONTRIB_OPS = {("com.microsoft", "MatMulNBits")}  # onnxruntime's own ops that edgeinfer writes
 _NODE_PATTERNS = (
     re.compile(r"Name:'(?P<name>[^']*)'"),  # run time: "... running Conv node. Name:'conv1' ..."
     re.compile(r'In Node, \("(?P<name>[^"]*)", (?P<op>[\w.]+)'),  # graph resolve errors
@@ -123,7 +124,7 @@ class OnnxRuntimeBackend(Backend):
         _providers(_ort(), self.engine_options)  # fail at creation on an unavailable provider
 
     def supports(self, node: Node, graph: Graph) -> str | None:
-        if find_lowering(node, graph) is not None:
+        if find_lowering(node, graph) is not None or (node.domain, node.op_type) in _CONTRIB_OPS:
             return None
         if node.domain not in _STANDARD_DOMAINS:
             return (f"op {node.domain}::{node.op_type} is outside the standard ONNX domains and has no "

@@ -95,7 +95,10 @@ def _run_custom_rules(graph: Graph) -> bool:
 
 def infer_types(graph: Graph, max_rounds: int = 8) -> Graph:
     """Fill in dtype and shape of every value that can be inferred (in place; returns graph)."""
-    from edgeinfer.ir import lowering  # noqa: F401  (registers the edgeinfer-domain type rules)
+    from edgeinfer.ir import (
+        contrib_ops,  # noqa: F401  (registers the com.microsoft type rules)
+        lowering,  # noqa: F401  (registers the edgeinfer-domain type rules)
+    )
 
     has_custom = any(node.domain and (node.domain, node.op_type) in TYPE_RULES for node in graph.nodes)
     for _ in range(max_rounds):

@@ -25,8 +25,8 @@ from edgeinfer.quantize.fp16 import fp16_weights
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import DEFAULT_METHOD, Calibration, calibrate, quantize_static
 
-MODES = ("static", "dynamic")
-WEIGHT_FORMATS = ("int8", "fp16")
+MODES = ("static", "dynamic", "weight_only")
+WEIGHT_FORMATS = ("int8", "int4", "fp16")
 
 
 def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_METHOD, *,
@@ -35,7 +35,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              limit: int | None = None, backend: str | None = None, progress: bool = False,
              size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
-             evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None) -> Model:
+             evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
+             block_size: int = 32, zero_points: bool = False) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -43,6 +44,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
       and insert QDQ with ranges from ``method`` (one of minmax, percentile, entropy, mse).
     - ``mode="dynamic"``: int8 MatMul/Gemm weights, activations quantized at run time.
     - ``weights="fp16"``: float16 weight storage, float compute; no calibration.
+    - ``mode="weight_only"`` (implied by ``weights="int4"``): int4 or int8 MatMul/Gemm weights
+      in blocks of ``block_size`` along K with a scale (and with ``zero_points`` a zero point)
+      per block, float compute (onnxruntime's MatMulNBits); for big models, no calibration.
 
     With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
     percent, or a callable ``model -> metric``), the most sensitive layers stay float until
@@ -56,6 +60,14 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         raise InputError(f"quantize: expected an edgeinfer Model, got {type(model).__name__}")
     if weights == "fp16":
         return fp16_weights(model)
+    if weights == "int4" or mode == "weight_only":
+        if mode == "dynamic":
+            raise InputError(f"weights={weights!r} with mode='dynamic': int4 weights are weight-only; "
+                             "use mode='weight_only'")
+        from edgeinfer.quantize.weight_only import quantize_weight_only
+
+        return quantize_weight_only(model, bits=4 if weights == "int4" else 8, block_size=block_size,
+                                    zero_points=zero_points, exclude=exclude)
     if mode == "dynamic":
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
