@@ -198,11 +198,14 @@ def load_any(path: str | os.PathLike) -> Model:
     return convert(path)
 
 
-def export(model: Model | Graph | str | os.PathLike, path: str | os.PathLike) -> Path:
+def export(model: Model | Graph | str | os.PathLike, path: str | os.PathLike, *,
+           external_data: bool | None = None) -> Path:
     """Write ``model`` (a ``Model``, a ``Graph``, or a model file to load or convert) in the
     format its suffix names: ``.onnx`` (checked with the ONNX checker) or ``.tflite`` (float or
     full-integer INT8 from a quantized model, written without TensorFlow). The file is written
-    atomically; an op the format cannot express raises ``UnsupportedOpError`` naming the node."""
+    atomically; an op the format cannot express raises ``UnsupportedOpError`` naming the node.
+    ``external_data`` (ONNX; default: past 1 GiB of weights) puts the weights in ``<file>.data``
+    beside it, as models past protobuf's 2 GB need."""
     target = Path(path)
     suffix = target.suffix.lower()
     if suffix not in EXPORT_SUFFIXES:
@@ -215,7 +218,7 @@ def export(model: Model | Graph | str | os.PathLike, path: str | os.PathLike) ->
     if suffix == ".onnx":
         from edgeinfer.converters.onnx import export as export_onnx
 
-        export_onnx(graph, target)
+        export_onnx(graph, target, external_data=external_data)
     else:
         from edgeinfer.format.tflite import save_tflite
 

@@ -15,15 +15,25 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from onnx import version_converter
 
 from edgeinfer import limits
+from edgeinfer.converters.onnx.external import (
+    attach,
+    external_tensors,
+    load_external,
+    locate,
+    read_into_proto,
+    weightless,
+)
 from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph
 from edgeinfer.ir.onnx_io import graph_from_model, opset_of
@@ -53,14 +63,25 @@ def convert(source: onnx.ModelProto | str | os.PathLike, *, upgrade: bool = True
         if _has_external_data(model):
             raise ModelFormatError("ModelProto with external data: pass the .onnx file path instead, "
                                    "so the data can be read from the model's folder")
-    else:
-        model, where = read_model(source), os.fspath(source)
-    return import_model(model, where, upgrade=upgrade)
+        return import_model(model, where, upgrade=upgrade)
+    path = Path(source)
+    model = _parse(path)
+    mapped = load_external(model, path)  # large tensors mapped, small ones read into the protobuf
+    return import_model(weightless(model, mapped), os.fspath(source), upgrade=upgrade, external=mapped)
 
 
 def read_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Parse an ``.onnx`` file and load its external data from the model's folder only."""
+    """Parse an ``.onnx`` file and load its external data from the model's folder only (into
+    the protobuf: for tools that need the whole model in memory; ``convert`` maps it instead)."""
     path = Path(path)
+    model = _parse(path)
+    for tensor in list(external_tensors(model)):
+        read_into_proto(tensor, *locate(tensor, path.parent.resolve(), path))
+    return model
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    """The ``.onnx`` file's protobuf, external data not loaded."""
     if not path.is_file():
         raise ModelFormatError(f"{path}: expected an ONNX model file, found no such file")
     size = path.stat().st_size
@@ -77,49 +98,11 @@ def read_model(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.HasField("graph") or not model.opset_import:
         raise ModelFormatError(f"{path}: expected an ONNX model with a graph and opset imports, "
                                "found none (truncated, or not an ONNX file)")
-    for tensor in _external_tensors(model):
-        _load_external(tensor, path.parent.resolve(), path)
     return model
 
 
 def _has_external_data(model: onnx.ModelProto) -> bool:
-    return any(True for _ in _external_tensors(model))
-
-
-def _external_tensors(model: onnx.ModelProto):
-    from onnx.external_data_helper import _get_all_tensors
-
-    for tensor in _get_all_tensors(model):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            yield tensor
-
-
-def _load_external(tensor: onnx.TensorProto, folder: Path, model_path: Path) -> None:
-    info = {entry.key: entry.value for entry in tensor.external_data}
-    location = info.get("location", "")
-    try:
-        target = (folder / location).resolve()
-    except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop, a name too long
-        target = None
-    if not location or os.path.isabs(location) or target is None or not target.is_relative_to(folder):
-        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data location {location!r} "
-                               f"must be a relative path inside {folder}")
-    if not target.is_file():
-        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data file {location!r} not found")
-    size = target.stat().st_size
-    try:
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else size - offset
-    except ValueError as exc:
-        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} has a non-integer offset/length") from exc
-    if offset < 0 or length < 0 or offset + length > size:
-        raise ModelFormatError(f"{model_path}: tensor {tensor.name!r} external data [{offset}, "
-                               f"{offset + length}) lies outside {location!r} of {size} bytes")
-    with open(target, "rb") as handle:
-        handle.seek(offset)
-        tensor.raw_data = handle.read(length)
-    del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    return any(True for _ in external_tensors(model))
 
 
 def _check_ops_known(graph: onnx.GraphProto, opset: dict[str, int], where: str) -> None:
@@ -192,7 +175,10 @@ def _check_string(value: str | bytes, field: str, path: str, where: str) -> None
                                f"characters, found {len(value)}")
 
 
-def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: bool = True) -> Graph:
+def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: bool = True,
+                 external: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """Check and translate ``model``; ``external``: memory-mapped initializers that ``model``
+    declares as typed inputs instead (``external.weightless``), attached after translation."""
     check_structure(model, where)
     opset = opset_of(model)
     if not opset:
@@ -222,7 +208,7 @@ def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: boo
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise ModelValidationError(f"{where}: the ONNX checker rejects the model: {first}") from exc
-    graph = graph_from_model(model)
+    graph = attach(graph_from_model(model), external or {})
     graph = graph.sorted()  # raises ModelValidationError naming a node on a cycle
     graph.verify()
     return graph
@@ -248,11 +234,32 @@ def _upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def export(graph: Graph, path: str | os.PathLike | None = None) -> onnx.ModelProto:
-    """IR -> ONNX model (checked with ``full_check``); written atomically if ``path`` is given."""
+EXTERNAL_DATA_ABOVE = 1 << 30  # bytes of weights past which export writes them beside the file
+
+
+def export(graph: Graph, path: str | os.PathLike | None = None, *,
+           external_data: bool | None = None) -> onnx.ModelProto:
+    """IR -> ONNX model (checked with ``full_check``); written atomically if ``path`` is given.
+
+    ``external_data`` (default: when the weights pass ``EXTERNAL_DATA_ABOVE`` bytes, as they
+    must past protobuf's 2 GB) writes initializers of 1 KiB and more to ``<file>.data`` beside
+    the file, streamed one by one, and returns the protobuf without them."""
+    from edgeinfer.converters.onnx.external import save_with_external_data, split_initializers
     from edgeinfer.ir.onnx_io import graph_to_model
 
-    model = graph_to_model(graph)
+    weights = sum(a.nbytes for a in graph.initializers.values() if a.dtype.kind in "fiub")
+    if external_data is None:
+        external_data = weights > EXTERNAL_DATA_ABOVE
+    if external_data and path is None:
+        raise ModelValidationError("ONNX export with external data needs a path to write the data beside")
+    big = split_initializers(graph) if external_data else {}
+    model = graph_to_model(graph, include_initializers=not external_data)
+    if external_data:
+        from edgeinfer.ir.onnx_io import array_to_tensor
+
+        model.graph.initializer.extend(array_to_tensor(a, n) for n, a in graph.initializers.items() if n not in big)
+        save_with_external_data(model, big, Path(path))
+        return model
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

@@ -137,6 +137,15 @@ WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormali
                         "LayerNormalization", "GroupNormalization", "PRelu", "LSTM", "GRU", "RNN", "Einsum"})
 
 
+_CHECK_CHUNK = 1 << 22  # elements tested at once: a big weight never gets a whole-size temporary
+
+
+def _any_in_chunks(array: np.ndarray, test) -> bool:
+    flat = array.reshape(-1)
+    with np.errstate(invalid="ignore"):
+        return any(bool(test(flat[start:start + _CHECK_CHUNK]).any()) for start in range(0, flat.size, _CHECK_CHUNK))
+
+
 def nonfinite_weights(graph: Graph) -> list[str]:
     """Names of float initializers holding NaN, or +-inf when a weight op reads them, in
     ``graph`` and its subgraphs (``graph/sub/name``)."""
@@ -145,9 +154,8 @@ def nonfinite_weights(graph: Graph) -> list[str]:
     for name, array in graph.initializers.items():
         if array.dtype.kind != "f" or array.size == 0:
             continue
-        with np.errstate(invalid="ignore"):
-            if np.isnan(array).any() or (name in weight_inputs and np.isinf(array).any()):
-                found.append(name)
+        if _any_in_chunks(array, np.isnan) or (name in weight_inputs and _any_in_chunks(array, np.isinf)):
+            found.append(name)
     for node in graph.nodes:
         for sub in node.subgraphs():
             found.extend(f"{node.name or node.op_type}/{name}" for name in nonfinite_weights(sub))
