@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import InputError, ModelFormatError, ModelValidationError
+from edgeinfer.errors import InputError, ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
@@ -221,6 +221,12 @@ def export(model: Model | Graph | str | os.PathLike, path: str | os.PathLike, *,
         export_onnx(graph, target, external_data=external_data)
     else:
         from edgeinfer.format.tflite import save_tflite
+        from edgeinfer.format.tflite.writer import MAX_FLATBUFFER_BYTES
 
+        weights = sum(a.nbytes for a in graph.initializers.values() if a.dtype.kind in "fiub")
+        if weights > MAX_FLATBUFFER_BYTES:  # refused before any weight is copied into a buffer
+            raise UnsupportedOpError(f"export to {os.fspath(path)!r}: the model holds {weights} bytes of weights; a "
+                                     f".tflite flatbuffer holds at most {MAX_FLATBUFFER_BYTES} (32-bit offsets). "
+                                     "Export .onnx (weights go to external data), or quantize the weights first")
         save_tflite(graph, target)
     return target

@@ -84,10 +84,10 @@ def convert(source: Any, *, example_inputs: Any = None, input_names: Sequence[st
             program, input_names = capture.capture_module(loaded, example_inputs, input_shapes, input_names,
                                                           dynamic_batch, where)
         ops.check_supported(program.graph_module, where)
-        model = translate.to_onnx(program, input_names, output_names, where)
+        model, weights = translate.to_onnx(program, input_names, output_names, where)
     from edgeinfer.converters.onnx import import_model
 
-    graph = import_model(model, where)
+    graph = import_model(model, where, external=weights)
     graph.metadata.update(_metadata())
     return graph
 

@@ -5,6 +5,12 @@ torchlib implements, translates each to ONNX, and runs the onnxscript optimizer 
 folding, removal of the exporter's CastLike/Expand scaffolding, BatchNorm folded into the
 preceding Conv). The resulting model goes through edgeinfer's ONNX front end
 (``edgeinfer.converters.onnx.import_model``) like any other ONNX file.
+
+Weights of 1 MiB and more never enter the protobuf: they are copied one at a time from the
+exporter's in-memory model (which shares the module's tensors) into numpy and handed to the
+importer beside a weightless model (as for ONNX external data), so a module past protobuf's
+2 GB converts, at one copy of the weights (the converted model does not change when the
+module is trained further).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import functools
 import re
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from edgeinfer.errors import ConversionError, EdgeInferError
 
@@ -32,8 +40,9 @@ def user_output_count(program: Any) -> int:
 
 
 def to_onnx(program: Any, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
-            where: str) -> Any:
-    """Translate an (already checked) ExportedProgram into an ``onnx.ModelProto``."""
+            where: str) -> tuple[Any, dict]:
+    """Translate an (already checked) ExportedProgram into a weightless ``onnx.ModelProto``
+    and its large weights (name -> numpy array, declared in the model as typed inputs)."""
     inputs, outputs = user_input_count(program), user_output_count(program)
     if input_names is not None and len(input_names) != inputs:
         raise ConversionError(f"{where}: input_names has {len(input_names)} names {list(input_names)}, but the model "
@@ -43,7 +52,7 @@ def to_onnx(program: Any, input_names: Sequence[str] | None, output_names: Seque
                               f"model returns {outputs} tensor(s)")
     output_names = list(output_names) if output_names is not None else default_output_names(outputs)
     try:
-        model = _export(program, list(input_names or []) or None, output_names)
+        model, weights = _export(program, list(input_names or []) or None, output_names)
     except EdgeInferError:
         raise
     except Exception as exc:
@@ -51,7 +60,7 @@ def to_onnx(program: Any, input_names: Sequence[str] | None, output_names: Seque
                               f"{_first_line(exc)}") from exc
     name_batch_symbol(model)
     _check_types(model, where)
-    return model
+    return model, weights
 
 
 def _check_types(model: Any, where: str) -> None:
@@ -87,8 +96,33 @@ def _export(program: Any, input_names: list[str] | None, output_names: list[str]
         from torch.onnx._internal.exporter import _core
         registry = _torchlib_registry()
     except (ImportError, AttributeError):
-        return torch.onnx.export(program, (), dynamo=True, external_data=False, **options).model_proto
-    return _core.export(program, registry=registry, **options).model_proto
+        exported = torch.onnx.export(program, (), dynamo=True, external_data=False, **options)
+    else:
+        exported = _core.export(program, registry=registry, **options)
+    weights = _take_large_weights(exported.model)
+    return exported.model_proto, weights
+
+
+def _take_large_weights(model: Any) -> dict:
+    """Move the main graph's initializers of ``MAP_MIN_BYTES`` or more out of the exporter's
+    ``onnx_ir`` model: each becomes a typed graph input, its data a numpy copy returned by name."""
+    from edgeinfer.converters.onnx.external import MAP_MIN_BYTES
+
+    weights = {}
+    graph = model.graph
+    for name, value in list(graph.initializers.items()):
+        tensor = value.const_value
+        if tensor is None or tensor.nbytes < MAP_MIN_BYTES or value in graph.inputs:
+            continue
+        try:
+            array = np.array(tensor.numpy(), copy=True)
+        except Exception:  # a type numpy cannot view: leave it in the protobuf
+            continue
+        del graph.initializers[name]
+        value.const_value = None
+        graph.inputs.append(value)
+        weights[name] = array
+    return weights
 
 
 def name_batch_symbol(model: Any) -> None:

@@ -111,3 +111,14 @@ def test_export_with_external_data_streams_weights_beside_the_file(tmp_path, rng
     assert_close(got, ei.Session(model).run({"x": x})["y"], rtol=1e-4, atol=1e-5)
     # and the exported pair converts back through the mapped path
     assert not ei.convert(out, optimize=0).graph.initializers["w1"].flags.owndata
+
+
+def test_tflite_export_past_two_gigabytes_is_a_typed_error_and_writes_nothing(tmp_path):
+    k, n = 16384, 32770
+    weight = np.broadcast_to(np.float32(0.5), (k, n))  # 2.1 GB declared, no memory behind it
+    graph = ei.Graph([ei.Node("MatMul", ["x", "w"], ["y"])], [ei.Value("x", "float32", (1, k))],
+                     [ei.Value("y", "float32", (1, n))], {"w": weight})
+    target = tmp_path / "big.tflite"
+    with pytest.raises(ei.UnsupportedOpError, match="flatbuffer holds at most"):
+        ei.export(ei.Model(graph), target)
+    assert list(tmp_path.iterdir()) == []
