@@ -35,6 +35,8 @@ from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.names import fresh_name
 
 EXACT_PRODUCT = 4 * 255 * 127  # the probe's answer in exact integer arithmetic: 129540
+# activations -> (activation value, weight value, the exact product of four of each)
+PROBES = {"uint8": (255, 127, EXACT_PRODUCT), "int8": (-128, -128, 4 * 128 * 128)}
 SEVEN_BIT_LIMIT = 64  # |w| <= 64: no pair of u8 x s8 products leaves int16
 # op -> (weight input, weight zero point input)
 WEIGHT_INPUTS = {
@@ -47,44 +49,48 @@ WEIGHT_INPUTS = {
 
 # The integer paths, as ``integer_path()`` and the plan name them.
 EXACT_NATIVE = "exact (VNNI)"
-EXACT_NATIVE_OTHER = "exact"  # a non-x86 CPU: its kernels do not pair products in int16
+EXACT_NATIVE_OTHER = "exact"  # a non-x86 CPU, or int8 x int8 kernels: no pairs summed in int16
 EXACT_REWRITE = "exact (u8 weights, zp+128)"
 SATURATING = "saturating"
 SEVEN_BIT = "exact (7-bit weights)"
 
 _lock = threading.Lock()
-_probed: list[int] = []
+_probed: dict[str, int] = {}
 
 
-def probe_value() -> int:
-    """MatMulInteger of uint8 ``[255] * 4`` by int8 ``[127] * 4`` on this onnxruntime, here:
-    ``EXACT_PRODUCT`` where its u8 x s8 kernel is exact. Run once per process."""
+def probe_value(activations: str = "uint8") -> int:
+    """MatMulInteger of four ``activations`` (uint8 255 or int8 -128) by four int8 weights
+    (127, or -128) on this onnxruntime, here: ``PROBES[activations][2]`` (129540, 65536) where
+    its kernel sums them exactly. Run once per process and kind."""
     with _lock:
-        if not _probed:
-            _probed.append(_run_probe())
-        return _probed[0]
+        if activations not in _probed:
+            _probed[activations] = _run_probe(activations)
+        return _probed[activations]
 
 
-def _run_probe() -> int:
+def _run_probe(activations: str) -> int:
     import onnxruntime
     from onnx import TensorProto, helper
 
+    a_value, b_value, _ = PROBES[activations]
+    a_type = TensorProto.UINT8 if activations == "uint8" else TensorProto.INT8
     node = helper.make_node("MatMulInteger", ["a", "b"], ["y"])
-    graph = helper.make_graph([node], "u8s8_probe", [helper.make_tensor_value_info("a", TensorProto.UINT8, [1, 4])],
+    graph = helper.make_graph([node], "int8_probe", [helper.make_tensor_value_info("a", a_type, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 1])],
-                              [helper.make_tensor("b", TensorProto.INT8, [4, 1], [127] * 4)])
+                              [helper.make_tensor("b", TensorProto.INT8, [4, 1], [b_value] * 4)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 4
     session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    (result,) = session.run(None, {"a": np.full((1, 4), 255, np.uint8)})
+    (result,) = session.run(None, {"a": np.full((1, 4), a_value, np.dtype(activations))})
     return int(result.reshape(-1)[0])
 
 
-def saturates() -> bool:
-    """Whether the installed onnxruntime's CPU u8 x s8 kernels saturate on this CPU."""
-    return probe_value() != EXACT_PRODUCT
+def saturates(activations: str = "uint8") -> bool:
+    """Whether the installed onnxruntime's CPU kernels for ``activations`` (uint8 or int8) x
+    int8 weights saturate on this CPU."""
+    return probe_value(activations) != PROBES[activations][2]
 
 
 def integer_path() -> str:
@@ -97,26 +103,34 @@ def integer_path() -> str:
     return EXACT_REWRITE
 
 
-def graph_integer_path(graph: Graph, *, exact: bool = True) -> str | None:
+def graph_integer_path(graph: Graph) -> str | None:
     """The integer path the onnxruntime backend takes for ``graph`` on this CPU (None when it
     has no int8 weight): ``integer_path()`` where the native kernels are exact; where they
     saturate, ``"exact (u8 weights, zp+128)"`` (rewritten), ``"exact (7-bit weights)"`` (every
     u8 x s8 weight fits in 7 bits), ``"exact"`` (int8 x int8 only, which does not saturate) or
-    ``"saturating"`` (``exact=False``, or a weight that is not a constant)."""
+    ``"saturating"`` (a weight that is not a constant, which cannot be rewritten)."""
     integer = [node for node in graph.nodes if _int8_weight(node, graph)]
     if not integer:
         return None
     if not saturates():
         return integer_path()
+    narrow = [node for node in integer if not _saturable(node, graph)]  # int8 x int8 products
+    if narrow and saturates("int8") and any(_weight_or_wide(node, graph) for node in narrow):
+        return SATURATING
     weights = [_weight(node, graph) for node in integer if _saturable(node, graph)]
     wide = [w for w in weights if w is None or _needs_rewrite(w)]
     if not weights:
         return EXACT_NATIVE_OTHER
     if not wide:
         return SEVEN_BIT
-    if not exact or any(w is None for w in wide):
+    if any(w is None for w in wide):
         return SATURATING
     return EXACT_REWRITE
+
+
+def _weight_or_wide(node: Node, graph: Graph) -> bool:
+    weight = _weight(node, graph)
+    return weight is None or _needs_rewrite(weight)
 
 
 def _int8_weight(node: Node, graph: Graph) -> bool:
@@ -133,9 +147,10 @@ def _int8_weight(node: Node, graph: Graph) -> bool:
 
 
 def _saturable(node: Node, graph: Graph) -> bool:
-    """Computed by u8 x s8 kernels: an integer op over uint8 activations (int8 x int8 kernels
-    widen to int16 and are exact, measured), or a constant int8 weight in QDQ form, which
-    onnxruntime fuses with uint8 activations (it turns int8 QDQ activations into uint8 first)."""
+    """Computed by u8 x s8 kernels: an integer op over uint8 activations (not int8 ones: x86
+    int8 x int8 kernels widen both to int16, exact where ``saturates("int8")`` is False), or a
+    constant int8 weight in QDQ form, which onnxruntime fuses with uint8 activations (it turns
+    int8 QDQ activations into uint8 first, measured)."""
     if not _int8_weight(node, graph):
         return False
     if node.op_type == "DequantizeLinear":
