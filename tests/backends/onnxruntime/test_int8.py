@@ -180,3 +180,23 @@ def test_float_graphs_have_no_integer_path(mlp_model):
     assert int8.graph_integer_path(ei.convert(mlp_model).graph) is None
     session = ei.Session(ei.convert(mlp_model), backend="onnxruntime")
     assert "int8" not in session.plan.describe()
+
+
+def test_bench_names_the_integer_path_of_each_onnxruntime_part(tmp_path, rng):
+    import json
+
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+
+    model, _, _ = _qlinear_conv(rng)
+    path = tmp_path / "qconv.onnx"
+    onnx.save(model, path)
+    report = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", str(path), "--backend", "numpy,onnxruntime", "--runs", "2",
+                                       "--warmup", "0", "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "int8 path" in result.output and int8.integer_path() in result.output
+    by_name = {r["backend"]: r for r in json.loads(report.read_text())["latency"]}
+    assert by_name["onnxruntime"]["integer_paths"] == [f"part 0 (onnxruntime): int8 {int8.integer_path()}"]
+    assert by_name["numpy"]["integer_paths"] == []
