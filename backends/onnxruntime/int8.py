@@ -14,13 +14,18 @@ with zero point ``z + 128`` (``w - z`` is unchanged), and onnxruntime's u8 x u8 
 both operands to int16 before multiplying, so they sum exactly. Rewritten: the weight (and
 zero point) of QLinearConv, QLinearMatMul, MatMulInteger and ConvInteger, and of every
 DequantizeLinear of a constant int8 tensor (the QDQ form, which onnxruntime fuses into those
-ops). Weights that all lie within [-64, 64] cannot saturate (``2 * 255 * 64 = 32640``) and stay
-int8: that is the fast path 7-bit weights buy (``ei.quantize(..., weights="int8-7bit")``).
+ops), where the activations are uint8: int8 x int8 kernels widen both operands and are exact
+(a second probe, ``saturates("int8")``, checks that). Weights that all lie within [-64, 64]
+cannot saturate (``2 * 255 * 64 = 32640``) and stay int8: that is the fast path 7-bit weights
+buy (``ei.quantize(..., reduce_range=True)``). The exact path costs speed: on this machine's
+VNNI CPU the u8 x u8 kernels take 2.4-2.6x the native INT8 latency (same benchmark); on an
+AVX2-only CPU, whose native kernels are slower, 1.3-1.45x was measured (issue 21).
 
 onnxruntime's own session option ``session.x64quantprecision=1`` does the same rewrite, but
-only at optimization level ``extended`` or ``all``; measured at equal results it was no
-faster (``benchmarks/bench_int8_exact_path.py``), so the rewrite, which holds at every level,
-is the one used.
+only at optimization level ``extended`` or ``all``. Measured (``benchmarks/bench_int8_exact_path.py``,
+MobileNetV2 and ResNet-50 at 160x160, 2 threads, one run on a loaded machine): outputs equal
+to the last bit, the option 1.08-1.15x slower than this rewrite; so the rewrite, which holds
+at every level, is the one used.
 """
 
 from __future__ import annotations
