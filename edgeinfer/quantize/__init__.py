@@ -51,10 +51,11 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
 
     ``reduce_range=True`` (static and dynamic int8) stores 7-bit weights (-63..63) in int8: the
     trade of speed for accuracy on x86 CPUs without VNNI. There onnxruntime's fast uint8 x int8
-    kernels add pairs of products in int16 and saturate on full-range weights, so edgeinfer
-    computes those exactly with uint8 weights instead, which costs 1.3-1.45x INT8 latency; 7-bit
-    weights cannot saturate and keep the fast kernels, exactly, at the cost of one bit of weight
-    precision (measured 0.1-2.4 dB output SQNR). Elsewhere (VNNI, ARM) it only costs the bit.
+    kernels add pairs of products in int16 and saturate on full-range weights, so edgeinfer's
+    onnxruntime backend computes those exactly with uint8 weights instead, at 1.3-1.45x the INT8
+    latency (issue 21's AVX2 measurement); 7-bit weights cannot saturate and keep the fast
+    kernels, exactly, for one bit of weight precision (1.0-2.4 dB output SQNR on MobileNetV2 and
+    ResNet-50, ``benchmarks/bench_int8_exact_path.py``). Elsewhere (VNNI, ARM) it only costs the bit.
     """
     if weights not in WEIGHT_FORMATS:
         raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
