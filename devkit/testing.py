@@ -65,3 +65,61 @@ def parse_model(text: str):
     model = parser.parse_model(text)
     onnx.checker.check_model(model)
     return model
+
+
+# -- exact integer arithmetic: the oracle for integer kernels (no engine's kernels involved) ----
+
+def integer_matmul(a, b, a_zero_point=0, b_zero_point=0) -> np.ndarray:
+    """ONNX ``MatMulInteger`` in int64: ``(a - a_zp) @ (b - b_zp)``, a per-row ``a_zp`` ([M] or
+    [..., M, 1]) and a per-column ``b_zp`` ([N]) broadcast as the spec says."""
+    a64 = np.asarray(a).astype(np.int64) - _column(a_zero_point, np.ndim(a))
+    b64 = np.asarray(b).astype(np.int64) - np.asarray(b_zero_point).astype(np.int64)
+    return np.matmul(a64, b64)
+
+
+def _column(zero_point, ndim: int) -> np.ndarray:
+    zp = np.asarray(zero_point).astype(np.int64)
+    return zp.reshape(zp.shape + (1,)) if zp.ndim == 1 and ndim >= 2 and zp.size > 1 else zp
+
+
+def integer_conv(x, w, x_zero_point=0, w_zero_point=0, *, group: int = 1, strides=None, pads=None,
+                 dilations=None) -> np.ndarray:
+    """ONNX ``ConvInteger`` in int64 (N-d, grouped, strided, dilated, explicit pads); ``w_zp``
+    a scalar or one per output channel."""
+    x64 = np.asarray(x).astype(np.int64) - np.asarray(x_zero_point).astype(np.int64)
+    w64 = np.asarray(w).astype(np.int64)
+    w_zp = np.asarray(w_zero_point).astype(np.int64)
+    w64 = w64 - (w_zp.reshape((-1,) + (1,) * (w64.ndim - 1)) if w_zp.ndim else w_zp)
+    spatial = x64.ndim - 2
+    kernel = w64.shape[2:]
+    strides = tuple(strides or (1,) * spatial)
+    dilations = tuple(dilations or (1,) * spatial)
+    pads = tuple(pads or (0,) * (2 * spatial))
+    padded = np.pad(x64, [(0, 0), (0, 0)] + [(pads[i], pads[i + spatial]) for i in range(spatial)])
+    out = [(padded.shape[2 + i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(spatial)]
+    n, channels = x64.shape[:2]
+    m, per_group = w64.shape[:2]
+    if channels != per_group * group:
+        raise ValueError(f"integer_conv: x has {channels} channels, w expects {per_group} x {group} groups")
+    y = np.zeros((n, m, *out), np.int64)
+    for offset in np.ndindex(*kernel):
+        window = tuple(slice(offset[i] * dilations[i], offset[i] * dilations[i] + strides[i] * (out[i] - 1) + 1,
+                             strides[i]) for i in range(spatial))
+        patch = padded[(slice(None), slice(None), *window)]  # [N, C, *out]
+        for g in range(group):
+            rows = slice(g * (m // group), (g + 1) * (m // group))
+            taps = w64[(rows, slice(None), *offset)]  # [M/group, C/group]
+            y[:, rows] += np.einsum("oc,nc...->no...", taps, patch[:, g * per_group:(g + 1) * per_group])
+    return y
+
+
+def requantize(accumulator, multiplier, zero_point, dtype) -> np.ndarray:
+    """``saturate(round_half_even(accumulator * multiplier) + zero_point)`` in ``dtype``, the
+    output step of QLinearConv/QLinearMatMul (``multiplier`` per output channel on axis 1 if
+    it is a vector)."""
+    acc = np.asarray(accumulator, np.float64)
+    scale = np.asarray(multiplier, np.float64)
+    if scale.ndim == 1 and acc.ndim > 1:
+        scale = scale.reshape((1, -1) + (1,) * (acc.ndim - 2))
+    info = np.iinfo(dtype)
+    return np.clip(np.rint(acc * scale) + int(zero_point), info.min, info.max).astype(dtype)

@@ -127,6 +127,16 @@ def _backend_module(name: str):
                            f"pip install 'edgeinfer[{name}]'") from exc
 
 
+def part_note(name: str, graph: Graph) -> str | None:
+    """What backend ``name`` says of running ``graph`` (its module's optional
+    ``describe_part(graph)``, e.g. onnxruntime's integer path), for plans; None if nothing."""
+    try:
+        describe = getattr(_backend_module(name), "describe_part", None)
+    except BackendError:  # a backend object of the caller's own, under a name edgeinfer does not know
+        return None
+    return None if describe is None else describe(graph)
+
+
 def check_device(device: str) -> str:
     if device not in DEVICES:
         raise BackendError(f"device {device!r}: expected one of {', '.join(DEVICES)}")

@@ -11,6 +11,10 @@ Engine options (``Session(model, backend="onnxruntime", providers=[...])``):
 - ``optimization_level``: ``"disable"``, ``"basic"``, ``"extended"`` or ``"all"`` (default);
 - ``session_config``: extra ``SessionOptions`` config entries (key -> value);
 - ``log_severity``: onnxruntime's log level (default 4: fatal only; errors are raised instead).
+
+INT8: where this CPU's u8 x s8 kernels saturate (``int8.saturates()``, probed once per process),
+compile rewrites int8 weights as uint8 with zero point + 128 so that results are exact on
+every CPU; ``int8.integer_path()`` names the path, and the plan says it per part.
 """
 
 from typing import Any
@@ -23,11 +27,19 @@ from edgeinfer.backends.onnxruntime.backend import (
     OnnxRuntimeExecutable,
     device_providers,
 )
+from edgeinfer.backends.onnxruntime.int8 import graph_integer_path, integer_path, saturates
 from edgeinfer.backends.onnxruntime.lowerings import LOWERINGS, lower_graph, lowering
+from edgeinfer.ir import Graph
 
 
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OnnxRuntimeBackend:
     return OnnxRuntimeBackend(device=device, fallback=fallback, **engine_options)
+
+
+def describe_part(graph: Graph) -> str | None:
+    """What the plan says of a part placed here: the integer path of its int8 products."""
+    path = graph_integer_path(lower_graph(graph))
+    return None if path is None else f"int8 {path}"
 
 
 __all__ = [
@@ -38,7 +50,10 @@ __all__ = [
     "OnnxRuntimeBackend",
     "OnnxRuntimeExecutable",
     "create_backend",
+    "describe_part",
     "device_providers",
+    "integer_path",
     "lower_graph",
     "lowering",
+    "saturates",
 ]

@@ -32,6 +32,7 @@ from edgeinfer.ir.onnx_io import (
     schema_reason,
 )
 
+from .int8 import EXACT_REWRITE, exact_weights, graph_integer_path
 from .lowerings import find_lowering, lower_graph
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
@@ -81,11 +82,12 @@ class OnnxRuntimeExecutable(Executable):
     thread_safe = True  # InferenceSession.run is documented as safe to call concurrently
 
     def __init__(self, graph: Graph, session: Any, node_names: Mapping[str, Node],
-                 external: Sequence[Any]):
+                 external: Sequence[Any], integer_path: str | None = None):
         super().__init__(graph)
         self.session = session
         self._node_names = dict(node_names)
         self._external = list(external)  # keep the buffers onnxruntime reads in place alive
+        self.integer_path = integer_path  # how its int8 products are computed here (see int8.py)
 
     @property
     def session_options(self) -> Any:
@@ -106,7 +108,8 @@ class OnnxRuntimeExecutable(Executable):
         options = self.session_options
         return {"providers": self.session.get_providers(),
                 "intra_op_num_threads": options.intra_op_num_threads,
-                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1]}
+                "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1],
+                "integer_path": self.integer_path}
 
 
 class OnnxRuntimeBackend(Backend):
@@ -140,6 +143,12 @@ class OnnxRuntimeBackend(Backend):
             raise BackendError(f"onnxruntime cannot run {len(unsupported)} node(s) of graph {graph.name!r}: "
                                f"{listed}")
         graph = lower_graph(graph)
+        # the probe measures the CPU provider's kernels; an accelerator's are its own
+        integer_path = graph_integer_path(graph) if self.device == "cpu" else None
+        if integer_path == EXACT_REWRITE:  # this CPU's u8 x s8 kernels saturate: compute exactly
+            graph, rewritten = exact_weights(graph)
+            log.debug("onnxruntime: int8 weights of %d node(s) of graph %r as uint8 (zero point + 128)",
+                      len(rewritten), graph.name)
         model, node_names, names, values = _export(graph)
         ort = _ort()
         session_options = _session_options(ort, options, engine)
@@ -153,7 +162,7 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:
             raise BackendError(f"onnxruntime could not compile graph {graph.name!r}"
                                f"{_where(exc, node_names)}: {_first_line(exc)}") from exc
-        return OnnxRuntimeExecutable(graph, session, node_names, [*values, *external])
+        return OnnxRuntimeExecutable(graph, session, node_names, [*values, *external], integer_path)
 
 
 def _export(graph: Graph) -> tuple[onnx.ModelProto, dict[str, Node], list[str], list[np.ndarray]]:

@@ -72,6 +72,8 @@ class LatencyReport:
     profile: Profile | None = None
     peer: bool = False  # a raw engine, not edgeinfer
     runs_on: str = ""  # for a peer: the file it runs
+    # per part with int8 products: "part N (backend): int8 <path>", e.g. onnxruntime's exact path
+    integer_paths: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -189,7 +191,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 contender.label, contender.compile_s, contender.first_ms, stats, 1000 / stats["median"],
                 session.plan.describe() if session is not None else f"raw engine on {contender.runs_on}", choice,
                 contender.memory.increase, contender.memory.method,
-                [t * 1000 for t in times[contender.label]], peer=session is None, runs_on=contender.runs_on)
+                [t * 1000 for t in times[contender.label]], peer=session is None, runs_on=contender.runs_on,
+                integer_paths=integer_paths(session) if session is not None else [])
             if profile and session is not None:
                 progress.describe(f"profiling {contender.label}")
                 report.profile = profile_session(session, feeds)
@@ -439,6 +442,15 @@ def _total_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
+
+
+def integer_paths(session: Any) -> list[str]:
+    """How each part of ``session``'s plan computes int8 products, where its backend says
+    (onnxruntime: natively exact, exact through uint8 weights, 7-bit, or saturating)."""
+    from edgeinfer.backend import part_note
+
+    notes = ((number, part, part_note(part.backend, part.graph)) for number, part in enumerate(session.plan.parts))
+    return [f"part {number} ({part.backend}): {note}" for number, part, note in notes if note]
 
 
 def as_json(latency_reports: Sequence[LatencyReport], stream_report: StreamReport | Sequence[StreamReport] | None,

@@ -20,19 +20,29 @@ def console() -> Console:
 
 def latency_table(reports: Sequence[LatencyReport]) -> Table:
     best = min(r.ms["median"] for r in reports)
+    integer = any(r.integer_paths for r in reports)  # a column only where some part has int8 products
     table = Table()
     table.add_column("contender", style="bold")
     for name in ("compile s", "first ms", "min ms", "median ms", "p90 ms", "p99 ms", "max ms", "req/s",
-                 "peak RSS MiB", "vs best"):
-        table.add_column(name, justify="right")
+                 "peak RSS MiB", "vs best") + (("int8 path",) if integer else ()):
+        table.add_column(name, justify="left" if name == "int8 path" else "right")
     for r in reports:
         memory = "-" if r.peak_rss_bytes is None else f"{r.peak_rss_bytes / MIB:.1f}"
         ratio = r.ms["median"] / best
+        paths = (_integer_cell(r.integer_paths),) if integer else ()
         table.add_row(r.label, f"{r.compile_s:.3f}", f"{r.first_run_ms:.2f}", f"{r.ms['min']:.3f}",
                       f"{r.ms['median']:.3f}", f"{r.ms['p90']:.3f}", f"{r.ms['p99']:.3f}", f"{r.ms['max']:.3f}",
-                      f"{r.throughput:.1f}", memory, "best" if ratio == 1 else f"{ratio:.2f}x",
+                      f"{r.throughput:.1f}", memory, "best" if ratio == 1 else f"{ratio:.2f}x", *paths,
                       style="dim" if r.peer else None)
     return table
+
+
+def _integer_cell(paths: Sequence[str]) -> str:
+    """One path when every part takes the same one, else each part's."""
+    notes = {path.split(": ", 1)[1] for path in paths}
+    if not paths:
+        return "-"
+    return notes.pop().removeprefix("int8 ") if len(notes) == 1 else "; ".join(paths)
 
 
 def profile_tables(reports: Sequence[LatencyReport], top: int) -> list[tuple[str, Table, str]]:

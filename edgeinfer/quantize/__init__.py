@@ -36,7 +36,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
-             block_size: int = 32, zero_points: bool = False) -> Model:
+             reduce_range: bool = False, block_size: int = 32, zero_points: bool = False) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -51,6 +51,14 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
     percent, or a callable ``model -> metric``), the most sensitive layers stay float until
     the metric is within the budget of fp32 (static mode).
+
+    ``reduce_range=True`` (static and dynamic int8) stores 7-bit weights (-63..63) in int8: the
+    trade of speed for accuracy on x86 CPUs without VNNI. There onnxruntime's fast uint8 x int8
+    kernels add pairs of products in int16 and saturate on full-range weights, so edgeinfer's
+    onnxruntime backend computes those exactly with uint8 weights instead, at 1.3-1.45x the INT8
+    latency (issue 21's AVX2 measurement); 7-bit weights cannot saturate and keep the fast
+    kernels, exactly, for one bit of weight precision (1.0-2.4 dB output SQNR on MobileNetV2 and
+    ResNet-50, ``benchmarks/bench_int8_exact_path.py``). Elsewhere (VNNI, ARM) it only costs the bit.
     """
     if weights not in WEIGHT_FORMATS:
         raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
@@ -71,12 +79,12 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     if mode == "dynamic":
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
-        return quantize_dynamic(model, per_channel=per_channel, exclude=exclude)
+        return quantize_dynamic(model, per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
     calibration = calibrate(model, calibration_data, random_samples=random_samples, limit=limit,
                             backend=backend, progress=progress, size=size, mean=mean, std=std)
     if max_accuracy_drop is None:
         return quantize_static(model, calibration, method=method, activations=activations,
-                               per_channel=per_channel, exclude=exclude)
+                               per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
     from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
@@ -86,7 +94,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
                               mean=mean, std=std)
     result = quantize_within_budget(model, calibration, metric, max_accuracy_drop, feeds=feeds, method=method,
                                     activations=activations, per_channel=per_channel, exclude=list(exclude),
-                                    backend=backend)
+                                    reduce_range=reduce_range, backend=backend)
     if not result.within_budget:
         warnings.warn(f"accuracy budget {max_accuracy_drop} not met: fp32 {result.float_metric:.3f}, best "
                       f"{result.final_metric:.3f} with {len(result.kept_float)} layers in float", stacklevel=2)

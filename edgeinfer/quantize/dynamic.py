@@ -22,7 +22,7 @@ from onnx import TensorProto
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
-from edgeinfer.quantize.qdq import layer_name, quantize_values, weight_params
+from edgeinfer.quantize.qdq import layer_name, quantize_values, weight_params, weight_type, weights_summary
 from edgeinfer.quantize.static import _graph_of, prepare_graph
 
 DYNAMIC_OPS = ("MatMul", "Gemm")
@@ -45,8 +45,9 @@ def _weight_of(node: Node, graph: Graph) -> np.ndarray | None:
     return weight.const
 
 
-def quantize_dynamic(model, *, per_channel: bool = True, exclude=()) -> Model:
-    """``model`` with every MatMul/Gemm over a constant weight dynamically quantized."""
+def quantize_dynamic(model, *, per_channel: bool = True, exclude=(), reduce_range: bool = False) -> Model:
+    """``model`` with every MatMul/Gemm over a constant weight dynamically quantized;
+    ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``)."""
     source = model if isinstance(model, Model) else Model(_graph_of(model))
     graph = prepare_graph(_graph_of(model))
     excluded = set(exclude)
@@ -79,7 +80,7 @@ def quantize_dynamic(model, *, per_channel: bool = True, exclude=()) -> Model:
                       Value(names[2], "uint8", ())]
             quantized_inputs[a] = names
         a_q, a_scale, a_zp = quantized_inputs[a]
-        params = weight_params(weight, 1 if per_channel else -1)
+        params = weight_params(weight, 1 if per_channel else -1, weight_type(reduce_range))
         w_q = fresh(f"{node.inputs[1]}_quantized")
         w_zp = fresh(f"{node.inputs[1]}_zero_point")
         w_scale = fresh(f"{node.inputs[1]}_scale")
@@ -110,7 +111,7 @@ def quantize_dynamic(model, *, per_channel: bool = True, exclude=()) -> Model:
     used = {i for n in nodes for i in n.inputs if i} | set(graph.output_names)
     inits = {k: v for k, v in inits.items() if k in used}
     produced = {o for n in nodes for o in n.outputs if o}
-    summary = {"mode": "dynamic", "weights": "int8 per-channel" if per_channel else "int8 per-tensor",
+    summary = {"mode": "dynamic", "weights": weights_summary(per_channel, reduce_range),
                "layers": len(layers), "excluded": sorted(excluded)}
     metadata = {**graph.metadata, "quantization": json.dumps(summary, sort_keys=True)}
     result = Graph(nodes, list(graph.inputs), list(graph.outputs), inits,

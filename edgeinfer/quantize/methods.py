@@ -47,6 +47,9 @@ class QuantType:
 
 UINT8 = QuantType("uint8", np.uint8, 0, 255, symmetric=False)
 INT8 = QuantType("int8", np.int8, -127, 127, symmetric=True)  # symmetric: -128 stays unused
+# 7-bit weights stored as int8 (``reduce_range``): no pair of uint8 x int8 products leaves int16,
+# so x86 CPUs without VNNI keep their fast u8 x s8 kernels exactly (see backends/onnxruntime/int8.py)
+INT8_7BIT = QuantType("int8", np.int8, -63, 63, symmetric=True)
 INT32_BIAS = QuantType("int32", np.int32, -(2**31 - 1), 2**31 - 1, symmetric=True)
 ACTIVATION_TYPES = {"uint8": UINT8, "int8": INT8}
 

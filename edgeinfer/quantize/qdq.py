@@ -26,7 +26,7 @@ from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
-from edgeinfer.quantize.methods import INT8, INT32_BIAS, UINT8, QuantType, quant_params
+from edgeinfer.quantize.methods import INT8, INT8_7BIT, INT32_BIAS, UINT8, QuantType, quant_params
 from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
 
 FLOAT_TYPES = ("float32",)
@@ -45,6 +45,7 @@ class StaticOptions:
     activation_type: QuantType = UINT8
     per_channel: bool = True
     exclude: frozenset[str] = frozenset()  # layer names kept in float
+    reduce_range: bool = False  # 7-bit weights (INT8_7BIT)
 
 
 @dataclass
@@ -225,17 +226,27 @@ def activation_params(plan: QuantPlan) -> dict[str, TensorParams]:
     return params
 
 
-def weight_params(array: np.ndarray, axis: int) -> TensorParams:
-    """Symmetric int8 scales, per channel along ``axis`` (or per tensor with axis -1)."""
+def weight_params(array: np.ndarray, axis: int, qtype: QuantType = WEIGHT_TYPE) -> TensorParams:
+    """Symmetric int8 scales, per channel along ``axis`` (or per tensor with axis -1), onto
+    ``qtype``'s range (``INT8_7BIT`` for 7-bit weights)."""
     data = array.astype(np.float64)
     if axis < 0:
         absmax = np.abs(data).max(initial=0.0)
     else:
         other = tuple(i for i in range(data.ndim) if i != axis)
         absmax = np.abs(data).max(axis=other, initial=0.0)
-    scale = np.where(absmax > 0, absmax / WEIGHT_TYPE.qmax, 1.0).astype(np.float32)
-    zero_point = np.zeros(scale.shape, WEIGHT_TYPE.dtype)
-    return TensorParams(scale, zero_point, WEIGHT_TYPE, None if axis < 0 else axis)
+    scale = np.where(absmax > 0, absmax / qtype.qmax, 1.0).astype(np.float32)
+    zero_point = np.zeros(scale.shape, qtype.dtype)
+    return TensorParams(scale, zero_point, qtype, None if axis < 0 else axis)
+
+
+def weight_type(reduce_range: bool) -> QuantType:
+    return INT8_7BIT if reduce_range else WEIGHT_TYPE
+
+
+def weights_summary(per_channel: bool, reduce_range: bool) -> str:
+    """How a quantized model's metadata names its weights: ``int8 per-channel`` and the like."""
+    return f"int8 {'per-channel' if per_channel else 'per-tensor'}" + (" 7-bit" if reduce_range else "")
 
 
 def _raise_weight_scales_for_bias(plan: QuantPlan, acts: dict[str, TensorParams],
@@ -298,7 +309,8 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
                                  f"(opset >= {PER_CHANNEL_OPSET}); graph {graph.name!r} has opset {plan.opset}. "
                                  "Quantize per tensor (per_channel=False, --per-tensor) or upgrade the model")
     acts = activation_params(plan)
-    weights = {name: weight_params(graph.values[name].const, axis) for name, axis in plan.weights.items()}
+    qtype = weight_type(plan.options.reduce_range)
+    weights = {name: weight_params(graph.values[name].const, axis, qtype) for name, axis in plan.weights.items()}
     _raise_weight_scales_for_bias(plan, acts, weights)
     builder = _Builder(graph)
     outputs = set(graph.output_names)

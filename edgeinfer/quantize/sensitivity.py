@@ -47,7 +47,7 @@ def _outputs(model: Model, feeds: Sequence[dict], backend: str) -> list[np.ndarr
 
 
 def layer_sensitivity(model: Model, calibration: Calibration, feeds: Sequence[dict], *, method: str,
-                      activations: str = "uint8", per_channel: bool = True,
+                      activations: str = "uint8", per_channel: bool = True, reduce_range: bool = False,
                       backend: str | None = None) -> list[LayerSensitivity]:
     """Output SQNR with each layer quantized alone, most sensitive (lowest SQNR) first."""
     backend = backend or default_backend()
@@ -56,7 +56,8 @@ def layer_sensitivity(model: Model, calibration: Calibration, feeds: Sequence[di
     results = []
     for layer in layers:
         alone = quantize_static(model, calibration, method=method, activations=activations,
-                                per_channel=per_channel, exclude=[other for other in layers if other != layer])
+                                per_channel=per_channel, reduce_range=reduce_range,
+                                exclude=[other for other in layers if other != layer])
         got = _outputs(alone, feeds, backend)
         worst = min(sqnr_db(r, g) for r, g in zip(reference, got, strict=True))
         results.append(LayerSensitivity(layer, worst))
@@ -85,13 +86,13 @@ def top1_metric(inputs: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray, 
 
 def quantize_within_budget(model: Model, calibration: Calibration, metric: Metric, max_drop: float, *,
                            feeds: Sequence[dict], method: str, activations: str = "uint8",
-                           per_channel: bool = True, exclude: Sequence[str] = (),
+                           per_channel: bool = True, exclude: Sequence[str] = (), reduce_range: bool = False,
                            backend: str | None = None) -> AccuracyResult:
     """Quantize, then keep the most sensitive layers in float until ``metric`` drops at most
     ``max_drop`` (same unit as the metric, e.g. percentage points) below fp32."""
     if max_drop < 0:
         raise InputError(f"max accuracy drop {max_drop}: expected a non-negative number")
-    options = dict(method=method, activations=activations, per_channel=per_channel)
+    options = dict(method=method, activations=activations, per_channel=per_channel, reduce_range=reduce_range)
     float_metric = metric(Model(calibration.graph))
     kept = list(exclude)
     quantized = quantize_static(model, calibration, exclude=kept, **options)

@@ -27,7 +27,7 @@ from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source
 from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
-from edgeinfer.quantize.qdq import StaticOptions, build_qdq_graph, plan_quantization
+from edgeinfer.quantize.qdq import StaticOptions, build_qdq_graph, plan_quantization, weights_summary
 
 LOWERED_FOR_QUANTIZATION = ("FusedConv", "FusedGemm", "FusedMatMul")
 DEFAULT_METHOD = "entropy"
@@ -83,8 +83,9 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
 
 def quantize_static(model: Model | Graph, calibration: Calibration, *, method: str = DEFAULT_METHOD,
                     activations: str = "uint8", per_channel: bool = True, exclude: Iterable[str] = (),
-                    method_options: Mapping[str, float] | None = None) -> Model:
-    """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``."""
+                    method_options: Mapping[str, float] | None = None, reduce_range: bool = False) -> Model:
+    """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
+    ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``)."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     source = model if isinstance(model, Model) else Model(model)
@@ -93,10 +94,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
         raise InputError("calibration was collected on a different model: its inputs "
                          f"{graph.input_names} differ from {_graph_of(model).input_names}")
     ranges = calibration.ranges(method, activations, **dict(method_options or {}))
-    options = StaticOptions(activation_type(activations), per_channel, frozenset(exclude))
+    options = StaticOptions(activation_type(activations), per_channel, frozenset(exclude), reduce_range)
     plan = plan_quantization(graph, ranges, options)
     summary = {"mode": "static", "method": method, "activations": activations,
-               "weights": "int8 per-channel" if per_channel else "int8 per-tensor",
+               "weights": weights_summary(per_channel, reduce_range),
                "layers": len(plan.layers), "excluded": sorted(options.exclude),
                "calibration_samples": calibration.samples}
     quantized = build_qdq_graph(graph, plan, summary)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from edgeinfer.backend import Backend
+from edgeinfer.backend import Backend, part_note
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph
 
@@ -236,8 +236,10 @@ def describe(parts: Sequence[Part], assignment: Assignment, graph: Graph) -> str
             op = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
             ops[op] = ops.get(op, 0) + 1
         listed = ", ".join(f"{op} x{count}" if count > 1 else op for op, count in ops.items())
+        note = part_note(part.backend, part.graph)
         lines.append(f"part {number}: {part.backend:<12} {len(part.nodes):4d} nodes  "
-                     f"in {_names(part.inputs)} -> out {_names(part.outputs)}  [{listed}]")
+                     f"in {_names(part.inputs)} -> out {_names(part.outputs)}  [{listed}]"
+                     + (f"  ({note})" if note else ""))
     if assignment.declined:
         lines.append("fallbacks:")
         for index, reasons in assignment.declined.items():

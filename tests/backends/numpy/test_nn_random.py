@@ -5,7 +5,9 @@ with asymmetric pads, depthwise convolutions (with a channel multiplier), 1x1 fa
 1-D and 3-D windows, ConvTranspose with groups and output_shape, ceil-mode pools with
 dilations and MaxPool indices, integer convolutions with per-channel weights, LRN. Each
 model runs through ``ei.Session(ei.convert(model), backend="numpy")`` and through
-onnxruntime; outputs must agree in dtype and value.
+onnxruntime; outputs must agree in dtype and value. Integer kernels whose products onnxruntime
+computes in u8 x s8 kernels (which saturate on x86 CPUs without VNNI) have exact int64 math
+as their oracle instead (``_compare_exact``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 import edgeinfer as ei
-from devkit.testing import assert_close
+from devkit.testing import assert_close, integer_conv, integer_matmul, requantize
 
 ort = pytest.importorskip("onnxruntime")
+int8 = pytest.importorskip("edgeinfer.backends.onnxruntime.int8")
 
 OPSET = 19
 
@@ -51,6 +54,21 @@ def _compare(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **tolerance) 
         assert_close(value, ref, name=f"y{index}", **tolerance)
         results.append(value)
     return results
+
+
+def _compare_exact(model: onnx.ModelProto, feeds: dict[str, np.ndarray], exact: np.ndarray, **tolerance) -> None:
+    """The numpy backend and edgeinfer's onnxruntime backend against exact integer math, and
+    raw onnxruntime too where its u8 x s8 kernels do not saturate on this CPU."""
+    converted = ei.convert(model)
+    for backend in ("numpy", "onnxruntime"):
+        got = ei.Session(converted, backend=backend).run(feeds)["y0"]
+        assert got.dtype == exact.dtype, f"{backend}: dtype {got.dtype} != {exact.dtype}"
+        assert_close(got, exact, name=f"{backend} y0", **tolerance)
+    if not int8.saturates():
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        raw = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        assert_close(raw.run(None, feeds)[0], exact, name="raw onnxruntime y0", **tolerance)
 
 
 def _normal(rng, *shape) -> np.ndarray:
@@ -199,6 +217,9 @@ def test_global_pools_match_onnxruntime(rng) -> None:
 
 
 def test_qlinear_conv_per_channel_matches_onnxruntime(rng) -> None:
+    """Full-range u8 x s8 products: exact int64 math is the oracle; raw onnxruntime is compared
+    with it only where its u8 x s8 kernels are exact on this CPU (the probe), and edgeinfer's
+    onnxruntime backend everywhere (it takes the exact path where they saturate)."""
     x = rng.integers(0, 256, (1, 8, 9, 10), dtype=np.uint8)
     w = rng.integers(-127, 128, (6, 4, 3, 3), dtype=np.int8)
     consts = {
@@ -209,9 +230,14 @@ def test_qlinear_conv_per_channel_matches_onnxruntime(rng) -> None:
     }
     consts = {k: np.asarray(v) for k, v in consts.items()}
     order = ["x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale", "y_zero_point", "b"]
-    model = _model("QLinearConv", {"x": x}, consts, input_order=order, group=2, strides=[2, 1],
-                   pads=[1, 0, 1, 2], dilations=[1, 2])
-    _compare(model, {"x": x}, int_steps=1)  # onnxruntime requantizes in float32: ties may round apart
+    attrs = {"group": 2, "strides": [2, 1], "pads": [1, 0, 1, 2], "dilations": [1, 2]}
+    model = _model("QLinearConv", {"x": x}, consts, input_order=order, **attrs)
+    accumulator = integer_conv(x, w, consts["x_zero_point"], consts["w_zero_point"], **attrs)
+    accumulator += consts["b"].reshape(1, -1, 1, 1)
+    multiplier = consts["x_scale"].astype(np.float64) * consts["w_scale"] / consts["y_scale"]
+    exact = requantize(accumulator, multiplier, consts["y_zero_point"], np.uint8)
+    # the engines requantize in float32: a product that lands on a tie may round one step apart
+    _compare_exact(model, {"x": x}, exact, int_steps=1)
 
 
 def test_conv_integer_matches_onnxruntime(rng) -> None:
@@ -228,7 +254,8 @@ def test_matmul_integer_per_row_and_column_zero_points(rng) -> None:
     b = rng.integers(-128, 128, (7, 4), dtype=np.int8)
     consts = {"b": b, "a_zero_point": np.asarray(np.uint8(3)), "b_zero_point": rng.integers(-5, 5, 4).astype(np.int8)}
     model = _model("MatMulInteger", {"a": a}, consts, input_order=["a", "b", "a_zero_point", "b_zero_point"])
-    _compare(model, {"a": a})
+    exact = integer_matmul(a, b, consts["a_zero_point"], consts["b_zero_point"]).astype(np.int32)
+    _compare_exact(model, {"a": a}, exact)
 
 
 def test_lrn_matches_onnxruntime(rng) -> None:

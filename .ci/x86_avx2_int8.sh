@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# CI step: the integer-kernel tests on an x86-64 CPU with AVX2 only (no AVX-512, no VNNI),
+# whatever the host: QEMU's TCG (qemu-x86_64-static -cpu Haswell) has no AVX-512, so
+# onnxruntime takes its AVX2 u8 x s8 path, which saturates (its probe returns 65534, not
+# 129540). The host's own interpreter and virtualenv run emulated; only tests whose models
+# are built in numpy or onnx (no training, no TensorFlow) are in the subset, to keep it short.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-.venv/bin/python}
+TESTS=(
+    tests/backends/onnxruntime/test_int8.py
+    tests/backends/numpy/test_nn_random.py::test_qlinear_conv_per_channel_matches_onnxruntime
+    tests/backends/numpy/test_nn_random.py::test_matmul_integer_per_row_and_column_zero_points
+    tests/quantize/test_dynamic_fp16.py::test_dynamic_quantization_is_accurate_on_every_backend
+    tests/quantize/test_static.py::test_symmetric_int8_activations_keep_the_clamps
+    tests/quantize/test_reduce_range.py
+)
+NAME="avx2 int8"
+source .ci/qemu.sh
+[ -x "$PYTHON" ] || fail "no host interpreter at $PYTHON (run make install first, or set PYTHON)"
+need_qemu qemu-x86_64-static
+probe=$(qemu-x86_64-static -cpu Haswell "$PYTHON" -c \
+    "from edgeinfer.backends.onnxruntime import int8; print(int8.probe_value(), int8.integer_path())" 2>/dev/null) \
+    || fail "the emulated interpreter could not run the onnxruntime probe"
+step "onnxruntime under -cpu Haswell: probe ${probe% *} (exact 129540), integer path: ${probe#* }"
+case "$probe" in 129540*) fail "the emulated CPU does not saturate, so this step would test nothing";; esac
+# QEMU warns once per CPUID feature it cannot emulate (harmless): those lines are dropped
+qemu-x86_64-static -cpu Haswell "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" \
+    2> >(grep -v "TCG doesn't support requested feature" >&2) || fail "integer-kernel tests failed on the emulated AVX2 CPU"
+step "done"

@@ -1,0 +1,124 @@
+"""INT8 on CPUs whose u8 x s8 kernels saturate: what the exact paths cost, and what 7-bit weights buy.
+
+For MobileNetV2 and ResNet-50 (``devkit.zoo``) at batch 1, edgeinfer's static INT8 model
+(QDQ, per-channel int8 weights, uint8 activations), lowered as the onnxruntime backend lowers
+it, run by raw onnxruntime sessions in one process, timed in interleaved rounds:
+
+- ``fp32``: the float model (edgeinfer's passes applied);
+- ``native``: int8 weights as quantized: onnxruntime's u8 x s8 kernels (exact only with VNNI;
+  ``saturation`` below says how far they are off here);
+- ``rewrite``: int8 weights as uint8 with zero point + 128 (``int8.exact_weights``, what the
+  backend does where the probe saturates): u8 x u8 kernels, exact on every CPU;
+- ``option``: onnxruntime's ``session.x64quantprecision=1`` (its own s8 -> u8 weight rewrite,
+  effective at optimization level extended/all, and on x86 only);
+- ``7bit``: ``reduce_range=True`` weights on the native kernels, exact on every CPU.
+
+Printed per model: median ms, speed against fp32, output SQNR against fp32, and the largest
+difference between the ``rewrite`` and ``option`` outputs ("equal results"), and between
+``native`` and ``rewrite`` (zero where the native kernels are exact). On a CPU with VNNI the
+native kernels do not saturate and ``rewrite``/``option`` show what the exact path costs on
+one without (onnxruntime applies the option there too: its check is that its u8 x u8 and
+u8 x s8 dispatches differ, which they do on every x86 CPU). Usage::
+
+    python benchmarks/bench_int8_exact_path.py [--models mobilenet_v2 resnet50] [--size 160]
+        [--threads 2] [--rounds 15] [--calibration 4] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: devkit/ is not installed
+
+import edgeinfer as ei
+from devkit import zoo
+from edgeinfer.backends.onnxruntime import int8
+from edgeinfer.backends.onnxruntime.lowerings import lower_graph
+from edgeinfer.timing import time_interleaved
+from edgeinfer.ir.onnx_io import graph_to_model
+from edgeinfer.quantize.static import calibrate, quantize_static
+
+MODELS = {"mobilenet_v2": zoo.mobilenet_v2, "resnet50": zoo.resnet50}
+VARIANTS = ("fp32", "native", "rewrite", "option", "7bit")
+
+
+def session(graph: ei.Graph, threads: int, config: dict[str, str] | None = None) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
+    model = graph_to_model(graph)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def sqnr_db(reference: np.ndarray, got: np.ndarray) -> float:
+    noise = float(np.sum((reference.astype(np.float64) - got) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(reference.astype(np.float64) ** 2)) / noise)
+
+
+def bench_model(name: str, *, size: int, threads: int, rounds: int, calibration: int) -> dict[str, Any]:
+    proto = MODELS[name](size=size)
+    samples = [zoo.example_inputs(proto, seed=seed) for seed in range(1, calibration + 1)]
+    fp32 = ei.convert(proto, optimize=2)
+    calibrated = calibrate(fp32, samples)
+    full = lower_graph(quantize_static(fp32, calibrated, method="minmax").graph)
+    seven = lower_graph(quantize_static(fp32, calibrated, method="minmax", reduce_range=True).graph)
+    rewritten, labels = int8.exact_weights(full)
+    sessions = {"fp32": session(lower_graph(fp32.graph), threads), "native": session(full, threads),
+                "rewrite": session(rewritten, threads),
+                "option": session(full, threads, {"session.x64quantprecision": "1"}),
+                "7bit": session(seven, threads)}
+    checks = [zoo.example_inputs(proto, seed=1000 + i) for i in range(3)]
+    outputs = {k: np.concatenate([s.run(None, f)[0] for f in checks]) for k, s in sessions.items()}
+    feeds = checks[0]
+    times = time_interleaved({k: functools.partial(s.run, None, feeds) for k, s in sessions.items()},
+                             rounds=rounds, warmup=2)
+    median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
+    return {"model": name, "size": size, "threads": threads, "rounds": rounds, "rewritten_weights": len(labels),
+            "median_ms": median, "speed_vs_fp32": {k: median["fp32"] / median[k] for k in VARIANTS},
+            "sqnr_db_vs_fp32": {k: sqnr_db(outputs["fp32"], outputs[k]) for k in VARIANTS},
+            "rewrite_vs_option_max_abs": float(np.abs(outputs["rewrite"] - outputs["option"]).max()),
+            "saturation_max_abs": float(np.abs(outputs["native"] - outputs["rewrite"]).max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--size", type=int, default=160, help="input height and width")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calibration", type=int, default=4, help="calibration samples per model")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    print(f"{platform.machine()}, onnxruntime {ort.__version__}: probe {int8.probe_value()} "
+          f"(exact {int8.EXACT_PRODUCT}), integer path here: {int8.integer_path()}")
+    results = []
+    for name in args.models:
+        r = bench_model(name, size=args.size, threads=args.threads, rounds=args.rounds, calibration=args.calibration)
+        results.append(r)
+        print(f"\n{name} {args.size}x{args.size} (batch 1, {args.threads} thread(s), {args.rounds} interleaved "
+              f"rounds, medians; {r['rewritten_weights']} weights rewritten)")
+        for variant in VARIANTS:
+            print(f"  {variant:8s} {r['median_ms'][variant]:8.2f} ms  x{r['speed_vs_fp32'][variant]:5.2f} vs fp32  "
+                  f"SQNR {r['sqnr_db_vs_fp32'][variant]:6.1f} dB")
+        med = r["median_ms"]
+        print(f"  exact path cost: rewrite x{med['rewrite'] / med['native']:.2f}, option "
+              f"x{med['option'] / med['native']:.2f} of native latency; rewrite vs option outputs differ by at most "
+              f"{r['rewrite_vs_option_max_abs']:.3g}; native vs exact by {r['saturation_max_abs']:.3g}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
