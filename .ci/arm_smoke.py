@@ -124,8 +124,8 @@ def _output_step(graph) -> float:
 
 
 def check(work: Path) -> int:
-    from edgeinfer.backends.onnxruntime import int8
     from devkit.testing import assert_close
+    from edgeinfer.backends.onnxruntime import int8
 
     started = time.perf_counter()
     expected = dict(np.load(work / "reference.npz"))

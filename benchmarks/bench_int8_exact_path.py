@@ -43,9 +43,9 @@ import edgeinfer as ei
 from devkit import zoo
 from edgeinfer.backends.onnxruntime import int8
 from edgeinfer.backends.onnxruntime.lowerings import lower_graph
-from edgeinfer.timing import time_interleaved
 from edgeinfer.ir.onnx_io import graph_to_model
 from edgeinfer.quantize.static import calibrate, quantize_static
+from edgeinfer.timing import time_interleaved
 
 MODELS = {"mobilenet_v2": zoo.mobilenet_v2, "resnet50": zoo.resnet50}
 VARIANTS = ("fp32", "native", "rewrite", "option", "7bit")

@@ -8,10 +8,10 @@ from helpers import ort_optimized_ops, sqnr
 
 import edgeinfer as ei
 from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.ir.lowering import lower_graph
 from edgeinfer.model import Model
 from edgeinfer.quantize import quantize
-from devkit.testing import assert_close
 
 int8 = pytest.importorskip("edgeinfer.backends.onnxruntime.int8")
 
