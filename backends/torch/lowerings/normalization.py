@@ -73,7 +73,8 @@ def group_normalization(x, scale, bias, *, epsilon=1e-5, num_groups, stash_type=
 @lowering("LpNormalization", since=1)
 def lp_normalization(x, *, axis=-1, p=2):
     norm = torch.linalg.vector_norm(x, ord=p, dim=axis_of(axis, x.dim()), keepdim=True)
-    return x / norm
+    # a zero vector stays zero (as in ONNX's reference) instead of becoming 0 / 0 = NaN
+    return x / torch.where(norm == 0, torch.ones_like(norm), norm)
 
 
 @lowering("LRN", since=1)

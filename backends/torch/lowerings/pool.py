@@ -8,6 +8,7 @@ elements (``count_include_pad``), which covers asymmetric pads and ``ceil_mode``
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -61,6 +62,10 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape,
     want_indices = _ctx.num_outputs > 1
     result = _MAX[rank](data, kernel, strides, padding, dilations, ceil_mode=bool(ceil_mode),
                         return_indices=want_indices)
+    if pre_padded:
+        effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+        crop = functools.partial(_onnx_output, x=x, kernel=effective, strides=strides, pads=pads, ceil_mode=ceil_mode)
+        result = tuple(map(crop, result)) if want_indices else crop(result)
     if not want_indices:
         return result.to(dtype)
     values, indices = result
@@ -88,6 +93,22 @@ def _onnx_indices(indices, shape, searched_shape, begin, storage_order):
     return flat + base
 
 
+def _onnx_output(y, x, kernel, strides, pads, ceil_mode):
+    """``y`` cropped to ONNX's output size: with ``ceil_mode`` the last window must start inside
+    the input or its begin padding (a sum pool of a padded input also keeps windows that start
+    in the end padding)."""
+    rank = x.dim() - 2
+    for axis in range(rank):
+        size, begin, end = x.shape[2 + axis], pads[axis], pads[rank + axis]
+        span = size + begin + end - kernel[axis]
+        out = (-(-span // strides[axis]) if ceil_mode else span // strides[axis]) + 1
+        if ceil_mode and (out - 1) * strides[axis] >= size + begin:
+            out -= 1
+        if y.shape[2 + axis] > out:
+            y = y.narrow(2 + axis, 0, out)
+    return y
+
+
 def _sum_pool(x, kernel, strides, ceil_mode):
     rank = x.dim() - 2
     if rank == 1:
@@ -112,14 +133,16 @@ def average_pool(x, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dila
     ones = torch.ones((1, 1, *x.shape[2:]), dtype=x.dtype, device=x.device)
     counted = F.pad(ones, flat, value=1.0 if count_include_pad else 0.0)
     sums = _sum_pool(F.pad(x, flat), kernel, strides, ceil_mode)
-    return sums / _sum_pool(counted, kernel, strides, ceil_mode)
+    average = sums / _sum_pool(counted, kernel, strides, ceil_mode)
+    return _onnx_output(average, x, kernel, strides, pads, ceil_mode)
 
 
 @lowering("LpPool", since=1, check=_no_dilation)
 def lp_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, p=2, pads=None, strides=None):
     rank, kernel, strides, _, pads = _geometry(x, kernel_shape, strides, dilations, pads, auto_pad)
     powered = F.pad(torch.abs(x) ** p, _torch_pads(pads, rank))
-    return _sum_pool(powered, kernel, strides, ceil_mode) ** (1.0 / p)
+    pooled = _sum_pool(powered, kernel, strides, ceil_mode) ** (1.0 / p)
+    return _onnx_output(pooled, x, kernel, strides, pads, ceil_mode)
 
 
 @lowering("GlobalAveragePool", since=1)

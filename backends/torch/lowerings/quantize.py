@@ -39,7 +39,9 @@ def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outp
                     saturate=1, _ctx: LoweringContext):
     target = _ctx.output_dtypes[0]
     axis = axis_of(axis, x.dim())
-    scaled = torch.round(x.double() / _along(y_scale, x.dim(), axis).double())
+    # divided in x's precision (float32 for half types), as the spec's reference does
+    wide = x if x.dtype == torch.float64 else x.float()
+    scaled = torch.round(wide / _along(y_scale, x.dim(), axis).to(wide.dtype)).double()
     if y_zero_point is not None:
         scaled = scaled + _along(y_zero_point, x.dim(), axis).double()
     low, high = _RANGES[target]

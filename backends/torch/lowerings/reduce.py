@@ -49,12 +49,22 @@ def _reduce(op: str, data, axes: list[int], keepdims: int, noop: int):
     if data.dim() == 0:
         return REDUCERS[op](data.reshape(1), [0], False)
     if op in ("ReduceMax", "ReduceMin") and any(data.shape[a] == 0 for a in axes):
-        fill = float("-inf") if op == "ReduceMax" else float("inf")
+        fill = _identity(op, data.dtype)
         shape = [1 if i in axes else d for i, d in enumerate(data.shape)] if keepdims else \
             [d for i, d in enumerate(data.shape) if i not in axes]
         return torch.full(shape, fill, dtype=data.dtype, device=data.device)
     result = REDUCERS[op](data, axes, bool(keepdims))
     return result.to(data.dtype)
+
+
+def _identity(op: str, dtype: torch.dtype):
+    """The identity of max / min: what a reduction over an empty set gives."""
+    if dtype == torch.bool:
+        return op == "ReduceMin"
+    if dtype.is_floating_point:
+        return float("-inf") if op == "ReduceMax" else float("inf")
+    info = torch.iinfo(dtype)
+    return info.min if op == "ReduceMax" else info.max
 
 
 def _register(op: str, input_since: int) -> None:
