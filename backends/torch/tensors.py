@@ -17,8 +17,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-# Inputs and memory-mapped weights are read, never written: sharing a read-only buffer is safe.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
 def torch_dtype(name: str | None) -> torch.dtype | None:
@@ -34,6 +32,12 @@ def to_torch(array: np.ndarray | np.generic) -> torch.Tensor:
         raise TypeError(f"element type {array.dtype.name} has no torch equivalent")
     if not array.flags.c_contiguous or array.dtype.byteorder == ">":
         array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    if not array.flags.writeable:
+        # memory-mapped weights, read-only feeds: lowerings never write into their inputs, so
+        # sharing the buffer is safe, and torch's warning about it is noise
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array)
     return torch.from_numpy(array)
 
 
