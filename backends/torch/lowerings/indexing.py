@@ -34,9 +34,7 @@ def _nd_index(data, indices, batch_dims):
     batch = math.prod(data.shape[:batch_dims])
     depth = indices.shape[-1]
     flat_data = data.reshape(batch, *data.shape[batch_dims:])
-    index = indices.to(torch.int64).reshape(batch, -1, depth)
-    sizes = torch.tensor(flat_data.shape[1:1 + depth], device=data.device)
-    index = torch.where(index < 0, index + sizes, index)
+    index = _positive_columns(indices.to(torch.int64).reshape(batch, -1, depth), flat_data.shape[1:1 + depth])
     rows = torch.arange(batch, device=data.device)[:, None].expand(batch, index.shape[1])
     return flat_data, index, rows
 
@@ -47,6 +45,13 @@ def gather_nd(data, indices, *, batch_dims=0):
     picked = flat_data[(rows, *index.unbind(-1))]
     depth = indices.shape[-1]
     return picked.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth:])
+
+
+def _positive_columns(index: torch.Tensor, sizes) -> torch.Tensor:
+    """Negative entries of each last-axis column made positive, with Python sizes (no host
+    tensor to copy, so a CUDA graph can capture it)."""
+    columns = [torch.where(column < 0, column + size, column) for column, size in zip(index.unbind(-1), sizes)]
+    return torch.stack(columns, -1)
 
 
 _REDUCTIONS = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}
@@ -69,10 +74,8 @@ def scatter(data, indices, updates, *, axis=0):
 @lowering("ScatterND", since=11)
 def scatter_nd(data, indices, updates, *, reduction="none"):
     depth = indices.shape[-1]
-    strides = torch.tensor([math.prod(data.shape[i + 1:depth]) for i in range(depth)], device=data.device)
-    sizes = torch.tensor(data.shape[:depth], device=data.device)
-    index = indices.to(torch.int64).reshape(-1, depth)
-    linear = (torch.where(index < 0, index + sizes, index) * strides).sum(-1)
+    index = _positive_columns(indices.to(torch.int64).reshape(-1, depth), data.shape[:depth])
+    linear = sum(column * math.prod(data.shape[i + 1:depth]) for i, column in enumerate(index.unbind(-1)))
     rows = data.reshape(math.prod(data.shape[:depth]), -1).clone()
     source = updates.reshape(linear.shape[0], -1)
     if reduction == "none":

@@ -67,8 +67,7 @@ def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coor
         if outside is not None:
             shape = [1] * data.dim()
             shape[axis] = -1
-            data = torch.where(outside.reshape(shape), torch.tensor(extrapolation_value, dtype=data.dtype,
-                                                                    device=data.device), data)
+            data = torch.where(outside.reshape(shape), extrapolation_value, data)
     if data.dtype == x.dtype:
         return data
     if not x.is_floating_point():

@@ -66,6 +66,10 @@ def tile(data, repeats):
     return data.repeat(ints(repeats))
 
 
+def _size(value) -> int:
+    return value.numel() if isinstance(value, torch.Tensor) else len(value) if isinstance(value, list) else 1
+
+
 def _pad_indices(size: int, before: int, after: int, mode: str, device) -> torch.Tensor:
     position = torch.arange(-before, size + after, device=device)
     if mode == "edge":
@@ -79,7 +83,7 @@ def _pad_indices(size: int, before: int, after: int, mode: str, device) -> torch
     return torch.where(folded < size, folded, period - folded)
 
 
-@lowering("Pad", since=11, static=(1, 3))
+@lowering("Pad", since=11, static=(1, 2, 3))
 def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
     rank = data.dim()
     pads = ints(pads)
@@ -91,7 +95,7 @@ def pad(data, pads, constant_value=None, axes=None, *, mode="constant"):
         flat = []
         for axis in reversed(range(rank)):  # torch: last axis first
             flat += [before.get(axis, 0), after.get(axis, 0)]
-        value = scalar(constant_value) if constant_value is not None and constant_value.numel() else 0
+        value = scalar(constant_value) if constant_value is not None and _size(constant_value) else 0
         return F.pad(data, flat, value=value)
     result = data
     for axis in axes:
@@ -145,7 +149,7 @@ def dropout_attribute(data, *, ratio=0.5, is_test=0, _ctx: LoweringContext):
     return _dropout(data, _ctx)
 
 
-@lowering("Dropout", since=12, check=lambda node, graph: _training_reason(node, graph))
+@lowering("Dropout", since=12, static=(1, 2), check=lambda node, graph: _training_reason(node, graph))
 def dropout(data, ratio=None, training_mode=None, *, seed=None, _ctx: LoweringContext):
     if training_mode is not None and bool(scalar(training_mode)):
         raise ValueError("Dropout in training mode draws random masks; the torch backend runs inference only")

@@ -9,6 +9,8 @@ checks that together they reach every registered ``(domain, op_type, since)``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from edgeinfer.backends.torch import LOWERINGS, TorchBackend
 from edgeinfer.ir import dtypes
 from edgeinfer.testing import assert_close, parse_model
 
+DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")  # gpu_check.sh: cuda:0
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}, "edgeinfer" : 1]>'
 
 # id -> (opset, graph text). Inputs are random: floats standard normal, ints in [0, 4), bools.
@@ -129,7 +132,7 @@ def test_lowering_matches_numpy(case_id: str):
     graph = _model(case_id).graph
     assert TorchBackend().unsupported(graph) == {}
     feeds = random_feeds(graph)
-    got = TorchBackend().compile(graph).run(feeds)
+    got = TorchBackend(device=DEVICE).compile(graph).run(feeds)
     expected = NumpyBackend().compile(graph).run(feeds)
     for name in graph.output_names:
         assert got[name].dtype == expected[name].dtype, name

@@ -1,10 +1,14 @@
-"""The torch backend as a whole, on torch's CPU device: zoo models against the numpy backend and
-onnxruntime, device placement, engine options (precision, CUDA graphs, torch.compile),
-device-resident outputs between two parts, threads, close(), and plans mixing backends."""
+"""The torch backend as a whole: zoo models against the numpy backend and onnxruntime, device
+placement, engine options (precision, CUDA graphs, torch.compile), device-resident outputs
+between two parts, threads, close(), and plans mixing backends.
+
+They run on torch's CPU device, or on ``EDGEINFER_TORCH_DEVICE`` (``benchmarks/gpu_check.sh``
+sets ``cuda:0``, with ``NVIDIA_TF32_OVERRIDE=0`` so float32 stays float32)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import numpy as np
@@ -17,6 +21,9 @@ from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.backends.torch import TorchBackend, TorchExecutable, available_devices, resolve_device
 from edgeinfer.errors import BackendError
 from edgeinfer.testing import assert_close, parse_model
+
+DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")
+on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="needs EDGEINFER_TORCH_DEVICE=cuda:N")
 
 # Deep float32 networks: torch (oneDNN / MKL) and numpy sum convolutions and matmuls in different
 # orders; over 50 layers the rounding differences reach ~1e-5 of the logits' scale.
@@ -44,7 +51,7 @@ def test_zoo_model_matches_numpy_and_onnxruntime(name: str, optimize: int):
     proto = ZOO[name]()
     model = ei.convert(proto, optimize=optimize)
     feeds = zoo.example_inputs(proto, batch=2)
-    with ei.Session(model, backend="torch") as session:
+    with ei.Session(model, backend="torch", device=DEVICE) as session:
         assert session.plan.backend_names == ["torch"], session.plan.describe()
         got = session.run(feeds)
     numpy_ref = ei.Session(model, backend="numpy").run(feeds)
@@ -65,7 +72,8 @@ def test_available_devices_start_with_the_cpu_and_resolve():
 
 @pytest.mark.parametrize("device", ["cuda:0", "gpu", "mps"])
 def test_missing_device_is_a_clear_error_or_a_logged_fallback(cnn, device, caplog):
-    if device == "gpu" and len(available_devices()) > 1 or device in available_devices():
+    if device == "gpu" and len(available_devices()) > 1 or device in available_devices() or device == "gpu" and \
+            DEVICE != "cpu":
         pytest.skip(f"this machine has {device}")
     model, feeds = cnn
     with pytest.raises(BackendError, match=r"not available.*available: \['cpu'.*fallback=True"):
@@ -118,7 +126,7 @@ def test_half_precision_on_the_cpu(name: str, precision: str):
     proto = ZOO[name]()
     model = ei.convert(proto, optimize=2)
     feeds = zoo.example_inputs(proto, batch=2)
-    session = ei.Session(model, backend="torch", precision=precision)
+    session = ei.Session(model, backend="torch", device=DEVICE, precision=precision)
     got = session.run(feeds)
     assert session.stats()["precision"] == precision
     reference = ei.Session(model, backend="numpy").run(feeds)
@@ -134,7 +142,7 @@ def test_torch_compile_when_asked(cnn):
     """``torch_compile`` takes torch.compile's arguments; the eager backend keeps this test
     free of a C compiler (inductor) while still running through dynamo's graph capture."""
     model, feeds = cnn
-    session = ei.Session(model, backend="torch", torch_compile={"backend": "eager"})
+    session = ei.Session(model, backend="torch", device=DEVICE, torch_compile={"backend": "eager"})
     assert session.stats()["torch_compile"] is True
     assert_close(session.run(feeds)["logits"], ei.Session(model, backend="numpy").run(feeds)["logits"])
 
@@ -150,18 +158,18 @@ def test_two_parts_pass_device_tensors(cnn):
     """``run_tensors`` returns torch tensors on the device, which the next part takes as they
     are: no numpy round trip between two parts of the same device."""
     model, feeds = cnn
-    first, second = (TorchBackend().compile(part) for part in _halves(model))
+    first, second = (TorchBackend(device=DEVICE).compile(part) for part in _halves(model))
     middle = first.run_tensors(feeds)
-    assert all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in middle.values())
+    assert all(isinstance(t, torch.Tensor) and t.device == resolve_device(DEVICE) for t in middle.values())
     result = second.run_tensors({name: middle[name] for name in second.input_names})
     expected = ei.Session(model, backend="numpy").run(feeds)["logits"]
     assert isinstance(result["logits"], torch.Tensor)
-    assert_close(result["logits"].numpy(), expected)
+    assert_close(result["logits"].cpu().numpy(), expected, rtol=DEEP_RTOL, atol=DEEP_ATOL)
 
 
 def test_runs_from_several_threads_at_once(cnn):
     model, feeds = cnn
-    executable = TorchBackend().compile(model.graph, CompileOptions())
+    executable = TorchBackend(device=DEVICE).compile(model.graph, CompileOptions())
     assert executable.thread_safe
     expected = executable.run(feeds)["logits"]
     results, errors = [], []
@@ -185,7 +193,7 @@ def test_runs_from_several_threads_at_once(cnn):
 
 def test_close_releases_and_refuses_later_runs(cnn):
     model, feeds = cnn
-    executable = TorchBackend().compile(model.graph)
+    executable = TorchBackend(device=DEVICE).compile(model.graph)
     assert isinstance(executable, TorchExecutable)
     executable.close()
     with pytest.raises(BackendError, match="after close"):
@@ -197,7 +205,7 @@ def test_a_failing_node_is_named():
         <ir_version: 8, opset_import: ["" : 17]>
         g (float[N, 4] x) => (float[3, M] y) <int64[2] shape = {3, -1}> { r = Relu (x)
         y = Reshape (r, shape) }"""))
-    session = ei.Session(model, backend="torch")
+    session = ei.Session(model, backend="torch", device=DEVICE)
     with pytest.raises(BackendError, match=r"Reshape.*RuntimeError"):
         session.run({"x": np.ones((2, 4), np.float32)})
 
@@ -211,7 +219,20 @@ def test_priority_list_puts_what_torch_declines_on_numpy():
         d = Det (r)
         y = Sigmoid (d) }"""))
     feeds = {"x": np.random.default_rng(3).standard_normal((2, 3, 3)).astype(np.float32)}
-    session = ei.Session(model, backend=["torch", "numpy"])
+    session = ei.Session(model, backend=["torch", "numpy"], device=DEVICE)
     assert [p.backend for p in session.plan.parts] == ["torch", "numpy", "torch"]
     assert "Det" in TorchBackend().unsupported(model.graph).popitem()[0]
     assert_close(session.run(feeds)["y"], ei.Session(model, backend="numpy").run(feeds)["y"])
+
+
+@on_cuda
+def test_cuda_graphs_capture_once_per_signature():
+    proto = zoo.cnn_residual_depthwise(batch=2)
+    model = ei.convert(proto, optimize=2)
+    feeds = zoo.example_inputs(proto)
+    eager = ei.Session(model, backend="torch", device=DEVICE).run(feeds)["logits"]
+    session = ei.Session(model, backend="torch", device=DEVICE, cuda_graphs=True)
+    first, second = (session.run(feeds)["logits"] for _ in range(2))
+    assert session.stats()["cuda_graph_captures"] == 1  # captured once, replayed after
+    np.testing.assert_array_equal(first, second)
+    assert_close(first, eager, rtol=DEEP_RTOL, atol=DEEP_ATOL)

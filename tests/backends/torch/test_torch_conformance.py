@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
 import sys
 import time
@@ -29,6 +30,8 @@ import pytest
 import edgeinfer as ei
 from edgeinfer.backends.numpy import NumpyBackend
 from edgeinfer.backends.torch import TorchBackend
+
+DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")  # gpu_check.sh: cuda:0
 
 
 def _numpy_runner():
@@ -73,7 +76,7 @@ def run_case(case) -> str | None:
     if declined:
         label, reason = next(iter(declined.items()))
         return f"{label}: {reason}"
-    torch_run = TorchBackend().compile(graph)
+    torch_run = TorchBackend(device=DEVICE).compile(graph)
     numpy_run = NumpyBackend().compile(graph)
     output_names = [o.name for o in case.model.graph.output]
     rtol = case.rtol if case.name in NUMPY.ROUNDED_EXPECTATIONS else min(case.rtol, NUMPY.FP32_RTOL)
