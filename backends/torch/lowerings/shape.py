@@ -103,8 +103,9 @@ def depth_to_space(x, *, blocksize, mode="DCR"):
 
 
 @lowering("SpaceToDepth", since=1)
-def space_to_depth(x, *, blocksize):
+def space_to_depth(x, *, blocksize, mode="DCR"):
     n, c, h, w = x.shape
     b = blocksize
-    y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.permute(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
