@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,9 +86,13 @@ _BACKEND_MODULES = {
     "onnxruntime": "edgeinfer.backends.onnxruntime",
     "openvino": "edgeinfer.backends.openvino",
     "tflite": "edgeinfer.backends.tflite",
+    "torch": "edgeinfer.backends.torch",
     "numpy": "edgeinfer.backends.numpy",
 }
 DEVICES = ("cpu", "gpu", "npu")
+# Named torch devices (``cuda:N``, ``mps``): only a backend whose module says it
+# ``accepts_device`` them is created for one (the torch backend).
+_NAMED_DEVICE = re.compile(r"cuda:\d+|mps")
 log = logging.getLogger("edgeinfer.backend")
 
 
@@ -138,12 +143,16 @@ def part_note(name: str, graph: Graph) -> str | None:
 
 
 def check_device(device: str) -> str:
-    if device not in DEVICES:
-        raise BackendError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+    if device not in DEVICES and not (isinstance(device, str) and _NAMED_DEVICE.fullmatch(device)):
+        raise BackendError(f"device {device!r}: expected one of {', '.join(DEVICES)}, 'cuda:N' or 'mps'")
     return device
 
 
 def get_backend(name: str, *, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> Backend:
     """Instantiate a backend by name (``numpy``, ``onnxruntime``, ...) for ``device``."""
     module = _backend_module(name)
-    return module.create_backend(device=check_device(device), fallback=fallback, **engine_options)
+    device = check_device(device)
+    if device not in DEVICES and not getattr(module, "accepts_device", lambda _: False)(device):
+        raise BackendError(f"backend {name!r} does not address device {device!r} by name: expected one of "
+                           f"{', '.join(DEVICES)} (the torch backend takes 'cuda:N' and 'mps')")
+    return module.create_backend(device=device, fallback=fallback, **engine_options)

@@ -1,0 +1,34 @@
+"""The torch backend: each graph becomes a ``torch.fx.GraphModule`` on a torch device.
+
+``Session(model, backend="torch", device="cpu" | "gpu" | "cuda:N" | "mps", ...)``. Engine options:
+
+- ``precision``: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"``: float32 weights and inputs
+  compute in that type; float32 outputs are returned as float32;
+- ``cuda_graphs``: capture one CUDA graph per input shape signature and replay it (CUDA only;
+  on another device a ``BackendError``); ``cuda_graph_cache``: signatures kept (default 8);
+- ``torch_compile``: ``True`` or a dict of ``torch.compile`` keyword arguments.
+
+``available_devices()`` lists the torch devices of this machine. Lowerings are registered per
+op in ``lowerings/`` (``LOWERINGS``, keyed by ``(domain, op_type, since)``).
+"""
+
+from typing import Any
+
+from edgeinfer.backends.torch import lowerings  # noqa: F401  (registers every lowering)
+from edgeinfer.backends.torch.backend import (
+    ENGINE_OPTIONS,
+    TorchBackend,
+    TorchExecutable,
+    accepts_device,
+    available_devices,
+    resolve_device,
+)
+from edgeinfer.backends.torch.registry import LOWERINGS, lowering
+
+
+def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> TorchBackend:
+    return TorchBackend(device=device, fallback=fallback, **engine_options)
+
+
+__all__ = ["ENGINE_OPTIONS", "LOWERINGS", "TorchBackend", "TorchExecutable", "accepts_device",
+           "available_devices", "create_backend", "lowering", "resolve_device"]
