@@ -23,6 +23,7 @@ from edgeinfer.format.tflite.export import (
 from edgeinfer.format.tflite.writer import ModelWriter
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.weights import storage_array, stored_weight_dtype
 
 FLOAT_TYPES = ("float32", "float16", "float64")
 RAW_INT8 = ("int8", "uint8")
@@ -135,8 +136,14 @@ class Exporter:
         elif quant is not None:
             data = (data.astype(np.int32) + quant.shift).astype(np.int8) if quant.shift else data
         data = np.ascontiguousarray(np.transpose(data, perm))
-        self._consts[key] = self.const_tensor(data, name if len(perm) == rank and perm == identity(rank)
-                                              else f"{name}@{''.join(map(str, perm))}", quant=quant, perm=perm)
+        hint = name if len(perm) == rank and perm == identity(rank) else f"{name}@{''.join(map(str, perm))}"
+        stored = storage_array(data, stored_weight_dtype(self.graph, raw)) if quant is None else data
+        if stored.dtype != data.dtype:  # a float16-stored weight: float16 behind DEQUANTIZE, as TFLite keeps it
+            narrow = self.const_tensor(stored, f"{hint}_fp16")
+            self._consts[key] = self.new_tensor(self.fresh(hint), data.shape, "float32")
+            self.writer.add_operator("DEQUANTIZE", [narrow], [self._consts[key]], version=2)
+            return self._consts[key]
+        self._consts[key] = self.const_tensor(data, hint, quant=quant, perm=perm)
         return self._consts[key]
 
     def is_const(self, name: str) -> bool:

@@ -129,6 +129,8 @@ def float_bias(ctx: OpContext, k: int, units: int, scale: float = 1.0) -> int:
     bias = ctx.const(k) if ctx.has(k) else None
     if ctx.has(k) and bias is None:
         raise ExportError(f"the bias (input {k}) must be a constant")
+    if bias is not None and scale == 1.0 and bias.shape == (units,) and bias.dtype == np.float32:
+        return ctx.input(k)  # the bias itself (a float16-stored one stays so)
     bias = np.zeros(units, np.float32) if bias is None else np.broadcast_to(bias.reshape(-1), (units,))
     return ctx.constant((bias * scale).astype(np.float32), "bias")
 
