@@ -34,7 +34,7 @@ UNARY = frozenset({
     "Sin", "Cos", "Elu", "Selu", "Celu", "HardSwish", "HardSigmoid", "LeakyRelu", "Erf", "Reciprocal",
     "Cast", "Not", "Sign", "Softplus", "Softsign", "Mish", "Identity", "QuantizeLinear", "DequantizeLinear",
 })
-NARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "Equal", "Less",
+NARY = frozenset({"PRelu", "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "Equal", "Less",
                   "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where"})
 REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                     "ReduceLogSumExp", "ReduceSumSquare"})  # axes as an attribute at opset 17

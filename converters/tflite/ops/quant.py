@@ -42,3 +42,10 @@ def dequantize(ctx: OpContext) -> None:
     else:
         raise UnsupportedOpError(f"{ctx.where}: input {tensor.name!r} of type {tensor.type_name} has no "
                                  "quantization parameters")
+
+
+@rule("DENSIFY")
+def densify(ctx: OpContext) -> None:
+    """DENSIFY of a sparse constant: the reader has densified it already (``sparsity.py``)."""
+    data = ctx.const_required(0, "the sparse tensor")
+    ctx.set_constant_output(0, data, stored_fp16=data.dtype == np.float16)

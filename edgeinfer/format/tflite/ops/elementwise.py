@@ -246,3 +246,7 @@ def check_softmax(node: Node, graph: Graph) -> str | None:
 
 export_rule("Softmax", check=check_softmax, int8="fixed", fixed=(1 / 256, -128))(_softmax("SOFTMAX"))
 export_rule("LogSoftmax", check=check_softmax, int8="fixed", fixed=(16 / 256, 127))(_softmax("LOG_SOFTMAX"))
+
+
+# PRelu is a binary op whose slope broadcasts to x (TFLite's PRELU takes alpha as its second input).
+export_rule("PRelu", check=check_binary)(_binary("PRELU"))
