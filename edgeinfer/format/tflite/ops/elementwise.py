@@ -85,10 +85,28 @@ def binary_layout(ctx: OpContext) -> tuple[int, ...]:
     return ctx.layout(0, 1)
 
 
+def binary_input(ctx: OpContext, k: int, perm: tuple[int, ...]) -> int:
+    """Input ``k`` in axis order ``perm``; a computed input of lower rank than the output
+    (a YOLOv8 head's ``[1, 8400]`` strides times ``[1, 4, 8400]`` boxes) is reshaped to the
+    output's rank with leading ones, as ONNX broadcasting aligns it, where its shape is static
+    (TFLite broadcasts ranks the same way otherwise)."""
+    rank = len(ctx.out_shape())
+    shape = ctx.shape(k)
+    if ctx.exp.is_const(ctx.name(k)) or len(shape) == rank:
+        return ctx.input(k, perm)
+    source = ctx.input(k)
+    if ctx.int8 or not all(isinstance(d, int) for d in shape):
+        return source
+    full = (1,) * (rank - len(shape)) + tuple(shape)
+    out = ctx.temp(full, f"in{k}_rank{rank}", dtype=ctx.dtype(k))
+    ctx.op("RESHAPE", [source, ctx.int32(full, f"in{k}_shape")], [out])
+    return out
+
+
 def _binary(opcode: str):
     def export(ctx: OpContext) -> None:
         perm = binary_layout(ctx)
-        inputs = [ctx.input(k, perm) for k in (0, 1)]
+        inputs = [binary_input(ctx, k, perm) for k in (0, 1)]
         options = BINARY_OPTIONS.get(opcode)
         extra = {"fused_activation_function": 0} if options else {}
         ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
