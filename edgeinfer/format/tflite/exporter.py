@@ -46,6 +46,7 @@ class Exporter:
         self.quant: dict[str, QuantInfo] = {}  # integer value -> its quantization
         self._consts: dict[tuple[str, tuple[int, ...], str], int] = {}
         self._names: set[str] = set()
+        self._absorbed: set[int] = set()  # ids of nodes an earlier operator already computed
         self._collect_quantization()
 
     # -- quantization parameters ------------------------------------------------------------------
@@ -194,6 +195,17 @@ class Exporter:
         perm_tensor = self.const_tensor(np.asarray(perm, np.int32), "perm")
         self.writer.add_operator("TRANSPOSE", [source, perm_tensor], [out], version=2 if int8 else 1)
 
+    def absorb(self, node: Node, perm: Sequence[int]) -> int:
+        """The tensor of ``node``'s output in axis order ``perm``, to be written by the operator
+        being exported (which computes ``node`` too, as a fused activation); ``node`` itself
+        then writes nothing."""
+        self._absorbed.add(id(node))
+        name = node.outputs[0]
+        perm = tuple(perm)
+        tensor = self.new_tensor(self.tensor_name(name, perm), _permuted(self.shape(name), perm), self.dtype(name))
+        self.reps.setdefault(name, {})[perm] = tensor
+        return tensor
+
     def relabel_transpose(self, source: str, target: str, node_perm: Sequence[int]) -> None:
         """``target = Transpose(source, node_perm)`` without an operator: target's tensors are
         source's, read in another axis order."""
@@ -223,6 +235,8 @@ class Exporter:
         return self.writer.to_bytes(description=description, subgraph_name=self.graph.name)
 
     def export_node(self, node: Node) -> None:
+        if id(node) in self._absorbed:
+            return
         if node.domain == "" and node.op_type == "DequantizeLinear":
             self.views[node.outputs[0]] = node.inputs[0]
             return

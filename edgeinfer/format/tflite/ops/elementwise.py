@@ -103,13 +103,38 @@ def binary_input(ctx: OpContext, k: int, perm: tuple[int, ...]) -> int:
     return out
 
 
+def fusable_activation(ctx: OpContext) -> tuple[Node, int] | None:
+    """The activation node that alone reads this node's output and that TFLite can fuse into
+    it (RELU, RELU6, RELU_N1_TO_1), with its fused code; float mode only. TFLite importers
+    split ``ADD(fused_activation=RELU6)`` into Add and Clip; this writes them back as one."""
+    graph, out = ctx.exp.graph, ctx.node.outputs[0]
+    value = graph.values.get(out)
+    if ctx.int8 or value is None or len(value.uses) != 1 or out in graph.output_names:
+        return None
+    consumer = value.uses[0][0]
+    if consumer.domain or consumer.op_type not in ("Relu", "Clip") or consumer.inputs[0] != out:
+        return None
+    try:
+        code = fused_code(*_ir_activation(consumer, graph))
+    except ExportError:
+        return None
+    return None if not code else (consumer, code)
+
+
 def _binary(opcode: str):
     def export(ctx: OpContext) -> None:
         perm = binary_layout(ctx)
         inputs = [binary_input(ctx, k, perm) for k in (0, 1)]
         options = BINARY_OPTIONS.get(opcode)
-        extra = {"fused_activation_function": 0} if options else {}
-        ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
+        fused = fusable_activation(ctx) if options else None
+        if fused is None:
+            extra = {"fused_activation_function": 0} if options else {}
+            ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
+            return
+        activation, code = fused
+        out = ctx.exp.absorb(activation, perm)  # the activation's output, written by this op
+        ctx.op(opcode, inputs, [out], options=options, fused_activation_function=code)
+        ctx.skip_output(0)
 
     return export
 

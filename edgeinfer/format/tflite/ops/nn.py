@@ -115,9 +115,12 @@ def _reduce(opcode: str):
             ctx.alias(0, 0)
             return
         keep = bool(int(ctx.attrs.get("keepdims", 1)))
-        perm = ctx.layout(0) if keep else identity(ctx.rank(0))
-        if not keep:  # the remaining axes keep their order in the output
-            out_perm = identity(ctx.rank(0) - len(axes))
+        rank = ctx.rank(0)  # work in the order the input already has (NHWC after a convolution)
+        have = [p for p in ctx.exp.perms(ctx.name(0)) if len(p) == rank]
+        perm = next((p for p in have if p != identity(rank)), identity(rank))
+        if not keep:  # the surviving axes, in the order they have in that layout
+            surviving = [a for a in perm if a not in axes]
+            out_perm = tuple(sorted(surviving).index(a) for a in surviving)
         else:
             out_perm = perm
         tflite_axes = [perm.index(a) for a in axes]
