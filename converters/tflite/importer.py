@@ -28,6 +28,7 @@ from edgeinfer.converters.tflite.reader import ModelDef, OperatorDef, SubGraphDe
 from edgeinfer.errors import ConversionError, ModelFormatError, UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.weights import with_stored_weights
 from edgeinfer.registry import OpRegistry
 
 OPSET = 17
@@ -63,13 +64,16 @@ class Builder:
         self.nodes: list[Node] = []
         self.initializers: dict[str, np.ndarray] = {}
         self.used: set[str] = set()
+        self.stored_fp16: set[str] = set()  # initializers the file stores as float16 (edgeinfer.ir.weights)
 
     def fresh(self, hint: str) -> str:
         return fresh_name(re.sub(r"\s+", "_", hint) or "t", self.used, sep="__", first=2)
 
-    def const(self, array: np.ndarray, hint: str) -> str:
+    def const(self, array: np.ndarray, hint: str, *, stored_fp16: bool = False) -> str:
         name = self.fresh(hint)
         self.initializers[name] = np.asarray(array)
+        if stored_fp16:
+            self.stored_fp16.add(name)
         return name
 
 
@@ -85,6 +89,10 @@ class SubgraphImporter:
         self.raw: dict[int, str] = dict(bound or {})
         self.float_view: dict[int, str] = {}
         self.transposed: dict[tuple[int, tuple[int, ...]], str] = {}  # one Transpose per (tensor, perm)
+        # Tensors an op computes from constants at conversion (DEQUANTIZE of a float16
+        # weight): their float32 data, and which of them the file stores as float16.
+        self.folded: dict[int, np.ndarray] = {}
+        self.fp16_weights: set[int] = set()
         self.where = f"{model.where}: subgraph {subgraph.index} ({subgraph.name})"
         self.graph_inputs: list[Value] = []  # set for the main subgraph (for shape inference)
 
@@ -93,6 +101,8 @@ class SubgraphImporter:
         return self.subgraph.tensors[index]
 
     def constant(self, index: int) -> np.ndarray | None:
+        if index in self.folded:
+            return self.folded[index]
         return self.model.tensor_data(self.tensor(index), self.subgraph)
 
     def emit(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str] | str | int = 1,
@@ -115,7 +125,7 @@ class SubgraphImporter:
         if data is None:
             raise ModelFormatError(f"{self.where}: tensor #{index} {tensor.name!r} is read before any "
                                    "operator produces it and has no data")
-        self.raw[index] = self.builder.const(data, tensor.name)
+        self.raw[index] = self.builder.const(data, tensor.name, stored_fp16=index in self.fp16_weights)
         return self.raw[index]
 
     def is_quantized(self, tensor: TensorDef) -> bool:
@@ -161,7 +171,7 @@ class SubgraphImporter:
     def _transposed_constant(self, index: int, perm: tuple[int, ...]) -> str:
         tensor = self.tensor(index)
         data = np.ascontiguousarray(np.transpose(self.constant(index), perm))
-        raw = self.builder.const(data, f"{tensor.name}_T")
+        raw = self.builder.const(data, f"{tensor.name}_T", stored_fp16=index in self.fp16_weights)
         return self._dequantize(raw, tensor, perm) if self.is_quantized(tensor) else raw
 
     def inferred_shape(self, name: str) -> tuple | None:
@@ -273,6 +283,15 @@ class OpContext:
         """Output ``k`` is an existing float value (an op that only relabels its input)."""
         self._float_out[k] = name
 
+    def set_constant_output(self, k: int, array: np.ndarray, *, stored_fp16: bool = False) -> None:
+        """Output ``k`` is a constant known at conversion (``array``); it becomes an
+        initializer where it is read (transposed there once if a rule wants another layout).
+        ``stored_fp16``: the file stores it as float16 (``edgeinfer.ir.weights``)."""
+        index = self.op.outputs[k]
+        self.imp.folded[index] = np.asarray(array)
+        if stored_fp16:
+            self.imp.fp16_weights.add(index)
+
     # integer kernels (edgeinfer::TFLite*, see edgeinfer.ir.lowering_tflite)
     def int8_tensors(self, inputs: Sequence[int], *, per_channel: Sequence[int] = ()) -> bool:
         """Whether inputs ``inputs`` and output 0 are int8 with per-tensor quantization (the
@@ -359,6 +378,8 @@ class OpContext:
             if index < 0:
                 continue
             tensor = imp.tensor(index)
+            if index in imp.folded:
+                continue
             if k in self._raw_out:
                 imp.raw[index] = self._raw_out[k]
                 continue
@@ -434,6 +455,8 @@ def import_model(model: ModelDef, *, signature_shapes: bool = True) -> Graph:
             name = importer.emit("Identity", [name], hint=tensor.name)[0]
         outputs.append(Value(name, tensor.dtype, input_shape(tensor, signature_shapes)))
     metadata = {"tflite_description": model.description} if model.description else {}
+    if builder.stored_fp16:
+        metadata = with_stored_weights(metadata, builder.stored_fp16, "float16")
     return Graph(nodes, inputs, outputs, builder.initializers, opset={"": OPSET},
                  name=main.name or "main", metadata=metadata)
 

@@ -23,6 +23,7 @@ import numpy as np
 from edgeinfer import limits
 from edgeinfer.converters.tflite import schema
 from edgeinfer.converters.tflite.schema import Slot
+from edgeinfer.converters.tflite.sparsity import Sparsity, densify, read_sparsity
 from edgeinfer.errors import ModelFormatError
 
 _SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "f": 4, "q": 8, "Q": 8, "d": 8}
@@ -160,6 +161,7 @@ class TensorDef:
     buffer: int
     quant: QuantParams | None
     is_variable: bool
+    sparsity: Sparsity | None = None  # a sparse constant, densified by ModelDef.tensor_data
 
     @property
     def dtype(self) -> str | None:
@@ -216,6 +218,12 @@ class ModelDef:
         if dtype is None:
             raise ModelFormatError(f"{where}: constant of type {tensor.type_name} cannot be imported")
         dt = np.dtype(dtype).newbyteorder("<")
+        if tensor.sparsity is not None:
+            if len(raw) % dt.itemsize:
+                raise ModelFormatError(f"{where}: sparse buffer {tensor.buffer} holds {len(raw)} bytes, not a "
+                                       f"whole number of {tensor.type_name} values")
+            values = np.frombuffer(raw, dtype=dt).astype(dtype, copy=False)
+            return densify(values, tensor.shape, tensor.sparsity, where)
         count = math.prod(tensor.shape)
         if len(raw) != count * dt.itemsize:
             raise ModelFormatError(f"{where}: buffer {tensor.buffer} holds {len(raw)} bytes, expected "
@@ -328,10 +336,9 @@ def _read_tensor(index: int, table: Table, buf: Buffer, n_buffers: int, subgraph
     type_code = table.scalar(Slot.TENSOR_TYPE, "b", 0, "type")
     quant = _read_quant(table.table(Slot.TENSOR_QUANTIZATION, "quantization"), shape, what, buf)
     is_variable = bool(table.scalar(Slot.TENSOR_IS_VARIABLE, "?", False, "is_variable"))
-    if table.table(Slot.TENSOR_SPARSITY, "sparsity") is not None:
-        raise ModelFormatError(f"{buf.where}: {what} {name!r} is sparse; sparse tensors are not supported "
-                               "(convert the model without sparsity)")
-    return TensorDef(index, name, type_code, shape, signature, buffer, quant, is_variable)
+    sparse_table = table.table(Slot.TENSOR_SPARSITY, "sparsity")
+    sparsity = None if sparse_table is None else read_sparsity(sparse_table, f"{what} {name!r}", buf.fail)
+    return TensorDef(index, name, type_code, shape, signature, buffer, quant, is_variable, sparsity)
 
 
 def _read_quant(table: Table | None, shape: tuple[int, ...], what: str, buf: Buffer) -> QuantParams | None:

@@ -39,6 +39,7 @@ from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.dtypes import TypeSpec
 from edgeinfer.ir.graph import Graph, Node, Value
+from edgeinfer.ir.weights import storage_array, stored_weights, widen_stored
 
 TAG = "t"
 MAX_NESTING = limits.MAX_DOCUMENT_NESTING  # subgraphs inside subgraphs and lists inside lists, together
@@ -139,6 +140,7 @@ def graph_to_document(graph: Graph, table: TensorTable, depth: int = 0) -> dict[
     # keeps values known only by shape, so the loaded graph is the same graph.
     typed = [v for v in graph.values.values() if v.name not in boundary and v.const is None
              and (v.dtype is not None or v.shape is not None)]
+    narrow = stored_weights(graph.metadata)  # float16-stored weights keep their narrow bytes
     return {
         "name": _text(graph.name, f"{where} name"),
         "opset": {_text(domain, f"{where} opset domain"): _int(version, f"{where} opset {domain!r}")
@@ -148,7 +150,7 @@ def graph_to_document(graph: Graph, table: TensorTable, depth: int = 0) -> dict[
         "outputs": [_value_doc(v, where) for v in graph.outputs],
         "value_info": [_value_doc(v, where) for v in typed],
         "initializers": [{"name": _text(name, f"{where} initializer name"),
-                          "tensor": table.ref(array, f"{where} initializer {name!r}")}
+                          "tensor": table.ref(storage_array(array, narrow.get(name)), f"{where} initializer {name!r}")}
                          for name, array in graph.initializers.items()],
         "nodes": [_node_doc(node, graph, table, depth) for node in graph.nodes],
     }
@@ -399,11 +401,11 @@ class DocumentReader:
             initializers[name] = self.tensor(item["tensor"], f"{at}.tensor")
         nodes = [self.node(item, f"{where}.nodes[{i}]", depth)
                  for i, item in enumerate(self.array(obj["nodes"], f"{where}.nodes"))]
+        metadata = self.str_map(obj["metadata"], f"{where}.metadata")
         return Graph(nodes, self.values(obj["inputs"], f"{where}.inputs"),
-                     self.values(obj["outputs"], f"{where}.outputs"), initializers,
+                     self.values(obj["outputs"], f"{where}.outputs"), widen_stored(initializers, metadata),
                      value_info=self.values(obj["value_info"], f"{where}.value_info"), opset=opset,
-                     name=self.name(obj["name"], f"{where}.name"),
-                     metadata=self.str_map(obj["metadata"], f"{where}.metadata"))
+                     name=self.name(obj["name"], f"{where}.name"), metadata=metadata)
 
     def node(self, obj: Any, where: str, depth: int) -> Node:
         obj = self.fields(obj, where, _NODE_FIELDS)

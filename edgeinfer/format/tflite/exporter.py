@@ -23,6 +23,7 @@ from edgeinfer.format.tflite.export import (
 from edgeinfer.format.tflite.writer import ModelWriter
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.weights import storage_array, stored_weight_dtype
 
 FLOAT_TYPES = ("float32", "float16", "float64")
 RAW_INT8 = ("int8", "uint8")
@@ -45,6 +46,7 @@ class Exporter:
         self.quant: dict[str, QuantInfo] = {}  # integer value -> its quantization
         self._consts: dict[tuple[str, tuple[int, ...], str], int] = {}
         self._names: set[str] = set()
+        self._absorbed: set[int] = set()  # ids of nodes an earlier operator already computed
         self._collect_quantization()
 
     # -- quantization parameters ------------------------------------------------------------------
@@ -135,8 +137,14 @@ class Exporter:
         elif quant is not None:
             data = (data.astype(np.int32) + quant.shift).astype(np.int8) if quant.shift else data
         data = np.ascontiguousarray(np.transpose(data, perm))
-        self._consts[key] = self.const_tensor(data, name if len(perm) == rank and perm == identity(rank)
-                                              else f"{name}@{''.join(map(str, perm))}", quant=quant, perm=perm)
+        hint = name if len(perm) == rank and perm == identity(rank) else f"{name}@{''.join(map(str, perm))}"
+        stored = storage_array(data, stored_weight_dtype(self.graph, raw)) if quant is None else data
+        if stored.dtype != data.dtype:  # a float16-stored weight: float16 behind DEQUANTIZE, as TFLite keeps it
+            narrow = self.const_tensor(stored, f"{hint}_fp16")
+            self._consts[key] = self.new_tensor(self.fresh(hint), data.shape, "float32")
+            self.writer.add_operator("DEQUANTIZE", [narrow], [self._consts[key]], version=2)
+            return self._consts[key]
+        self._consts[key] = self.const_tensor(data, hint, quant=quant, perm=perm)
         return self._consts[key]
 
     def is_const(self, name: str) -> bool:
@@ -187,6 +195,17 @@ class Exporter:
         perm_tensor = self.const_tensor(np.asarray(perm, np.int32), "perm")
         self.writer.add_operator("TRANSPOSE", [source, perm_tensor], [out], version=2 if int8 else 1)
 
+    def absorb(self, node: Node, perm: Sequence[int]) -> int:
+        """The tensor of ``node``'s output in axis order ``perm``, to be written by the operator
+        being exported (which computes ``node`` too, as a fused activation); ``node`` itself
+        then writes nothing."""
+        self._absorbed.add(id(node))
+        name = node.outputs[0]
+        perm = tuple(perm)
+        tensor = self.new_tensor(self.tensor_name(name, perm), _permuted(self.shape(name), perm), self.dtype(name))
+        self.reps.setdefault(name, {})[perm] = tensor
+        return tensor
+
     def relabel_transpose(self, source: str, target: str, node_perm: Sequence[int]) -> None:
         """``target = Transpose(source, node_perm)`` without an operator: target's tensors are
         source's, read in another axis order."""
@@ -216,6 +235,8 @@ class Exporter:
         return self.writer.to_bytes(description=description, subgraph_name=self.graph.name)
 
     def export_node(self, node: Node) -> None:
+        if id(node) in self._absorbed:
+            return
         if node.domain == "" and node.op_type == "DequantizeLinear":
             self.views[node.outputs[0]] = node.inputs[0]
             return

@@ -117,7 +117,6 @@ def test_transpose_of_nhwc_value_is_free():
 
 
 UNSUPPORTED = {
-    "grouped conv": (X4, "float[1, 4, 6, 6] y", _weights((4, 2, 3, 3)), "y = Conv <group = 2, pads = [1, 1, 1, 1]> (x, w)"),
     "cubic resize": (X4, "float[1, 4, 12, 12] y", "",
                      "roi = Constant <value = float[0] {}> ()\nscales = Constant <value = float[4] {1, 1, 2, 2}> ()\n"
                      "y = Resize <mode = \"cubic\"> (x, roi, scales)"),

@@ -14,10 +14,10 @@ from devkit.testing import assert_close, parse_model
 from edgeinfer.backend import CompileOptions, get_backend, installed_backends
 from edgeinfer.errors import BackendError, InputError, UnsupportedOpError
 
-GROUPED_CONV = """<ir_version: 8, opset_import: ["" : 17]>
-t (float[1, 4, 6, 6] x) => (float[1, 4, 6, 6] y) <float[4, 2, 1, 1] w = {1, 2, 3, 4, 5, 6, 7, 8}>
+EDGE_PAD = """<ir_version: 8, opset_import: ["" : 17]>
+t (float[1, 4, 6, 6] x) => (float[1, 4, 8, 8] y) <int64[8] p = {0, 0, 1, 1, 0, 0, 1, 1}>
 { r = Relu (x)
-  y = Conv <group = 2> (r, w) }"""
+  y = Pad <mode = "edge"> (r, p) }"""
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +82,11 @@ def test_dynamic_batch_resizes_between_runs():
 
 
 def test_supports_reports_what_the_exporter_refuses():
-    model = ei.convert(parse_model(GROUPED_CONV), optimize=0)
+    model = ei.convert(parse_model(EDGE_PAD), optimize=0)
     backend = get_backend("tflite")
-    relu, conv = model.graph.nodes
+    relu, pad = model.graph.nodes
     assert backend.supports(relu, model.graph) is None
-    assert "grouped" in backend.supports(conv, model.graph)
+    assert "edge" in backend.supports(pad, model.graph)
     with pytest.raises(BackendError, match="cannot run 1 node"):
         backend.compile(model.graph, CompileOptions())
 
@@ -130,12 +130,12 @@ def test_export_api_and_cli(cnn, tmp_path):
 
 
 def test_failed_export_leaves_no_file(tmp_path):
-    target = tmp_path / "grouped.tflite"
+    target = tmp_path / "edge.tflite"
     target.write_bytes(b"old")
-    with pytest.raises(UnsupportedOpError, match="grouped"):
-        ei.export(ei.convert(parse_model(GROUPED_CONV), optimize=0), target)
+    with pytest.raises(UnsupportedOpError, match="edge"):
+        ei.export(ei.convert(parse_model(EDGE_PAD), optimize=0), target)
     assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["grouped.tflite"]
+    assert [p.name for p in tmp_path.iterdir()] == ["edge.tflite"]
 
 
 def test_run_errors_are_backend_errors(cnn):

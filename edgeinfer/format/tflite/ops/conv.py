@@ -90,8 +90,8 @@ def check_conv(node: Node, graph: Graph) -> str | None:
     if w_shape is None:
         return "the weights must be constant"
     group, channels = int(node.attrs.get("group", 1)), x.shape[1]
-    if group != 1 and not (group == channels and w_shape[1] == 1):
-        return f"grouped convolution (group={group}, {channels} channels) is neither plain nor depthwise"
+    if group != 1 and not isinstance(channels, int):
+        return "a grouped convolution needs a static channel count"
     if node.attrs.get("auto_pad", "NOTSET") == "SAME_LOWER" and not x.is_static:
         return "auto_pad SAME_LOWER needs static spatial dims"
     from edgeinfer.format.tflite.ops.elementwise import activation_support
@@ -129,6 +129,8 @@ def float_bias(ctx: OpContext, k: int, units: int, scale: float = 1.0) -> int:
     bias = ctx.const(k) if ctx.has(k) else None
     if ctx.has(k) and bias is None:
         raise ExportError(f"the bias (input {k}) must be a constant")
+    if bias is not None and scale == 1.0 and bias.shape == (units,) and bias.dtype == np.float32:
+        return ctx.input(k)  # the bias itself (a float16-stored one stays so)
     bias = np.zeros(units, np.float32) if bias is None else np.broadcast_to(bias.reshape(-1), (units,))
     return ctx.constant((bias * scale).astype(np.float32), "bias")
 
@@ -156,7 +158,10 @@ def conv(ctx: OpContext) -> None:
     x = ctx.input(0, NCHW_TO_NHWC)
     if pads is not None:
         x = pad_nhwc(ctx, x, pads, in_nhwc)
-    depthwise = int(ctx.attrs.get("group", 1)) != 1
+    group = int(ctx.attrs.get("group", 1))
+    # group == channels with one filter channel is depthwise; other groups are a grouped CONV_2D
+    # (version 6: TFLite infers the groups from the filter's input channels).
+    depthwise = group != 1 and group == in_nhwc[3] and w_shape[1] == 1
     weight = ctx.input(1, DEPTHWISE_FILTER if depthwise else NCHW_TO_NHWC)
     if ctx.int8:
         bias = int8_bias(ctx, 2, ctx.quant(1).scale, out_channels)
@@ -172,7 +177,8 @@ def conv(ctx: OpContext) -> None:
                    options="DepthwiseConv2DOptions", depth_multiplier=out_channels // in_nhwc[3],
                    fused_activation_function=code, **common)
         else:
-            ctx.op("CONV_2D", [x, weight, bias], [out], version=3 if ctx.int8 else 1, options="Conv2DOptions",
+            version = 6 if group != 1 else 3 if ctx.int8 else 1
+            ctx.op("CONV_2D", [x, weight, bias], [out], version=version, options="Conv2DOptions",
                    fused_activation_function=code, **common)
 
     conv_output(ctx, write, out_nhwc, NCHW_TO_NHWC)

@@ -85,13 +85,56 @@ def binary_layout(ctx: OpContext) -> tuple[int, ...]:
     return ctx.layout(0, 1)
 
 
+def binary_input(ctx: OpContext, k: int, perm: tuple[int, ...]) -> int:
+    """Input ``k`` in axis order ``perm``; a computed input of lower rank than the output
+    (a YOLOv8 head's ``[1, 8400]`` strides times ``[1, 4, 8400]`` boxes) is reshaped to the
+    output's rank with leading ones, as ONNX broadcasting aligns it, where its shape is static
+    (TFLite broadcasts ranks the same way otherwise)."""
+    rank = len(ctx.out_shape())
+    shape = ctx.shape(k)
+    if ctx.exp.is_const(ctx.name(k)) or len(shape) == rank:
+        return ctx.input(k, perm)
+    source = ctx.input(k)
+    if ctx.int8 or not all(isinstance(d, int) for d in shape):
+        return source
+    full = (1,) * (rank - len(shape)) + tuple(shape)
+    out = ctx.temp(full, f"in{k}_rank{rank}", dtype=ctx.dtype(k))
+    ctx.op("RESHAPE", [source, ctx.int32(full, f"in{k}_shape")], [out])
+    return out
+
+
+def fusable_activation(ctx: OpContext) -> tuple[Node, int] | None:
+    """The activation node that alone reads this node's output and that TFLite can fuse into
+    it (RELU, RELU6, RELU_N1_TO_1), with its fused code; float mode only. TFLite importers
+    split ``ADD(fused_activation=RELU6)`` into Add and Clip; this writes them back as one."""
+    graph, out = ctx.exp.graph, ctx.node.outputs[0]
+    value = graph.values.get(out)
+    if ctx.int8 or value is None or len(value.uses) != 1 or out in graph.output_names:
+        return None
+    consumer = value.uses[0][0]
+    if consumer.domain or consumer.op_type not in ("Relu", "Clip") or consumer.inputs[0] != out:
+        return None
+    try:
+        code = fused_code(*_ir_activation(consumer, graph))
+    except ExportError:
+        return None
+    return None if not code else (consumer, code)
+
+
 def _binary(opcode: str):
     def export(ctx: OpContext) -> None:
         perm = binary_layout(ctx)
-        inputs = [ctx.input(k, perm) for k in (0, 1)]
+        inputs = [binary_input(ctx, k, perm) for k in (0, 1)]
         options = BINARY_OPTIONS.get(opcode)
-        extra = {"fused_activation_function": 0} if options else {}
-        ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
+        fused = fusable_activation(ctx) if options else None
+        if fused is None:
+            extra = {"fused_activation_function": 0} if options else {}
+            ctx.op(opcode, inputs, [ctx.output(0, perm)], options=options, **extra)
+            return
+        activation, code = fused
+        out = ctx.exp.absorb(activation, perm)  # the activation's output, written by this op
+        ctx.op(opcode, inputs, [out], options=options, fused_activation_function=code)
+        ctx.skip_output(0)
 
     return export
 
@@ -246,3 +289,7 @@ def check_softmax(node: Node, graph: Graph) -> str | None:
 
 export_rule("Softmax", check=check_softmax, int8="fixed", fixed=(1 / 256, -128))(_softmax("SOFTMAX"))
 export_rule("LogSoftmax", check=check_softmax, int8="fixed", fixed=(16 / 256, 127))(_softmax("LOG_SOFTMAX"))
+
+
+# PRelu is a binary op whose slope broadcasts to x (TFLite's PRELU takes alpha as its second input).
+export_rule("PRelu", check=check_binary)(_binary("PRELU"))

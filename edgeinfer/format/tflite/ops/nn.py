@@ -115,9 +115,12 @@ def _reduce(opcode: str):
             ctx.alias(0, 0)
             return
         keep = bool(int(ctx.attrs.get("keepdims", 1)))
-        perm = ctx.layout(0) if keep else identity(ctx.rank(0))
-        if not keep:  # the remaining axes keep their order in the output
-            out_perm = identity(ctx.rank(0) - len(axes))
+        rank = ctx.rank(0)  # work in the order the input already has (NHWC after a convolution)
+        have = [p for p in ctx.exp.perms(ctx.name(0)) if len(p) == rank]
+        perm = next((p for p in have if p != identity(rank)), identity(rank))
+        if not keep:  # the surviving axes, in the order they have in that layout
+            surviving = [a for a in perm if a not in axes]
+            out_perm = tuple(sorted(surviving).index(a) for a in surviving)
         else:
             out_perm = perm
         tflite_axes = [perm.index(a) for a in axes]
@@ -319,3 +322,45 @@ def pad(ctx: OpContext) -> None:
     else:
         fill = ctx.constant(np.asarray(value, np.dtype(ctx.dtype(0))), "pad_value")
         ctx.op("PADV2", [x, paddings, fill], [out])
+
+
+# -- depth/space rearrangement and local response normalization -------------------------------------
+def check_depth_space(node: Node, graph: Graph) -> str | None:
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.rank != 4:
+        return "only rank-4 inputs are exported"
+    if node.op_type == "DepthToSpace" and node.attrs.get("mode", "DCR") != "DCR":
+        return "DepthToSpace mode CRD has no TFLite equivalent (TFLite's DEPTH_TO_SPACE is DCR)"
+    return None
+
+
+def _depth_space(opcode: str, options: str):
+    def export(ctx: OpContext) -> None:
+        x = ctx.input(0, NCHW_TO_NHWC)
+        ctx.op(opcode, [x], [ctx.output(0, NCHW_TO_NHWC)], options=options, block_size=int(ctx.attrs["blocksize"]))
+
+    return export
+
+
+export_rule("DepthToSpace", check=check_depth_space, int8="same")(_depth_space("DEPTH_TO_SPACE", "DepthToSpaceOptions"))
+export_rule("SpaceToDepth", check=check_depth_space, int8="same")(_depth_space("SPACE_TO_DEPTH", "SpaceToDepthOptions"))
+
+
+def check_lrn(node: Node, graph: Graph) -> str | None:
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.rank != 4:
+        return "only rank-4 inputs are exported"
+    if int(node.attrs["size"]) % 2 == 0:
+        return "an even LRN size sums an asymmetric window; TFLite's radius gives symmetric ones"
+    return None
+
+
+@export_rule("LRN", check=check_lrn)
+def lrn(ctx: OpContext) -> None:
+    """ONNX: ``x / (bias + alpha / size * sum_window(x^2))^beta`` over channels; TFLite sums
+    ``2 * radius + 1`` channels and scales by ``alpha`` itself."""
+    size = int(ctx.attrs["size"])
+    ctx.op("LOCAL_RESPONSE_NORMALIZATION", [ctx.input(0, NCHW_TO_NHWC)], [ctx.output(0, NCHW_TO_NHWC)],
+           options="LocalResponseNormalizationOptions", radius=(size - 1) // 2,
+           bias=float(ctx.attrs.get("bias", 1.0)), alpha=float(ctx.attrs.get("alpha", 1e-4)) / size,
+           beta=float(ctx.attrs.get("beta", 0.75)))

@@ -1,0 +1,84 @@
+"""Reduced-precision weight storage: a property of the stored weight, not graph nodes.
+
+A weight that its source file stores in float16 (a TFLite ``DEQUANTIZE`` of a float16
+constant, an fp16-weight model) is held in the IR as an ordinary float32 initializer, so every
+pass, kernel and the quantizer see a constant weight; the graph's metadata lists it under
+``STORAGE_KEY`` (``{"float16": [names]}``). Whoever stores or hands the weight on asks
+``stored_weight_dtype``:
+
+- the ``.eim`` file keeps it as float16 bytes and widens it on load (``storage_array``,
+  ``widen_stored``);
+- the TFLite exporter writes it as a float16 buffer behind ``DEQUANTIZE``, as the original
+  file had it (XNNPACK unpacks it once, at delegate creation);
+- onnxruntime, OpenVINO and numpy get the float32 initializer: no ``Cast`` runs per request.
+
+The float32 values are exactly the float16 ones widened, so storing them narrow loses
+nothing; ``storage_array`` checks that (a pass that rewrote a weight in place under the same
+name makes it float32 again).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+STORAGE_KEY = "weight_storage"
+NARROW_DTYPES = {"float16": np.float16}
+
+
+def stored_weights(metadata: Mapping[str, str]) -> dict[str, str]:
+    """``{initializer name: stored dtype}`` declared in a graph's metadata."""
+    text = metadata.get(STORAGE_KEY)
+    if not text:
+        return {}
+    try:
+        table = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(table, dict):
+        return {}
+    return {name: dtype for dtype, names in table.items() if dtype in NARROW_DTYPES and isinstance(names, list)
+            for name in names if isinstance(name, str)}
+
+
+def stored_weight_dtype(graph, name: str) -> str | None:
+    """The dtype a float32 initializer ``name`` of ``graph`` is stored in (``"float16"``), or
+    None for a weight stored at full precision (or a name that is no initializer)."""
+    value = graph.values.get(name)
+    if value is None or value.const is None or value.const.dtype != np.float32:
+        return None
+    return stored_weights(graph.metadata).get(name)
+
+
+def with_stored_weights(metadata: Mapping[str, str], names: Iterable[str], dtype: str = "float16") -> dict[str, str]:
+    """``metadata`` with ``names`` added to the weights stored as ``dtype``."""
+    if dtype not in NARROW_DTYPES:
+        raise ValueError(f"stored weight dtype {dtype!r}: expected one of {sorted(NARROW_DTYPES)}")
+    table: dict[str, list[str]] = {}
+    for name, kind in stored_weights(metadata).items():
+        table.setdefault(kind, []).append(name)
+    listed = table.setdefault(dtype, [])
+    listed.extend(n for n in names if n not in set(listed))
+    out = dict(metadata)
+    out[STORAGE_KEY] = json.dumps({k: sorted(set(v)) for k, v in table.items() if v}, sort_keys=True)
+    return out
+
+
+def storage_array(array: np.ndarray, dtype: str | None) -> np.ndarray:
+    """The array to store for a weight declared ``dtype``: its narrow form when that is exact,
+    else ``array`` itself."""
+    if dtype is None or array.dtype != np.float32:
+        return array
+    narrow = array.astype(NARROW_DTYPES[dtype])
+    return narrow if np.array_equal(narrow.astype(np.float32), array) else array
+
+
+def widen_stored(initializers: dict[str, np.ndarray], metadata: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Loaded initializers with the narrow-stored weights widened back to float32 (in place)."""
+    for name, dtype in stored_weights(metadata).items():
+        array = initializers.get(name)
+        if array is not None and array.dtype == NARROW_DTYPES[dtype]:
+            initializers[name] = array.astype(np.float32)
+    return initializers
