@@ -6,10 +6,11 @@ importer repairs these classes on a copy of the model and says so in one
 ``OnnxLeniencyWarning``; anything else the checker rejects is refused as before.
 
 Always repaired (silently where onnxruntime reads the file the same way):
-- a dim declared as ``dim_value: -1`` (paddle2onnx) or ``0`` is dynamic: onnxruntime treats
-  a negative dim as unknown; a 0 on a graph input (which onnxruntime would only accept for an
-  empty tensor) is taken as dynamic too, with a warning; in value_info and graph outputs a
-  dim of 0 or below is dropped to unknown (shape inference recomputes it);
+- a dim declared as ``dim_value: -1`` (paddle2onnx) or ``0``, or named ``?``, is dynamic:
+  onnxruntime treats a negative dim as unknown and never ties two ``?`` dims together; a 0
+  on a graph input (which onnxruntime would only accept for an empty tensor) is taken as
+  dynamic too, with a warning; in value_info and graph outputs such dims become unknown
+  (shape inference recomputes them);
 - several nodes sharing one name (spox writes ``F0::anon`` more than once): later ones get a
   fresh name; names are labels, never semantics.
 
@@ -54,11 +55,18 @@ def normalize_dims(model: onnx.ModelProto) -> list[str]:
                 if not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
                     continue
                 for index, dim in enumerate(info.type.tensor_type.shape.dim):
-                    if dim.WhichOneof("value") == "dim_value" and dim.dim_value <= 0:
-                        if dim.dim_value == 0 and kind == "input":
+                    if _unknown_dim(dim):
+                        if dim.WhichOneof("value") == "dim_value" and dim.dim_value == 0 and kind == "input":
                             notes.append(f"input {info.name!r} dim {index} declared 0 is taken as dynamic")
                         dim.Clear()
     return notes
+
+
+def _unknown_dim(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dim declared -1 or 0, or named ``?`` (paddle2onnx's "unknown", which would otherwise
+    tie every such dim of a model to one size)."""
+    kind = dim.WhichOneof("value")
+    return (kind == "dim_value" and dim.dim_value <= 0) or (kind == "dim_param" and dim.dim_param.strip() in ("?", ""))
 
 
 def unique_node_names(model: onnx.ModelProto) -> list[str]:
@@ -216,7 +224,7 @@ def check_leniently(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     still rejects after every applicable repair raises ``ModelValidationError``."""
     notes: list[str] = []
     working = model
-    if any(dim.WhichOneof("value") == "dim_value" and dim.dim_value <= 0
+    if any(_unknown_dim(dim)
            for graph in all_graphs(model.graph)
            for info in (*graph.input, *graph.output, *graph.value_info)
            for dim in info.type.tensor_type.shape.dim) or _has_duplicate_names(model):

@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.converters.onnx import export
 from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
-from edgeinfer.testing import assert_close
 
 
 def ort_run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -14,10 +14,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.backend import installed_backends
 from edgeinfer.converters.onnx import OnnxLeniencyWarning
 from edgeinfer.errors import ModelValidationError
-from edgeinfer.testing import assert_close
 
 OPSET = [helper.make_opsetid("", 17)]
 
@@ -84,6 +84,14 @@ def test_dim_value_minus_one_is_a_dynamic_dim(tmp_path):
     assert dims(converted.inputs[0])[1] == 3 and not any(isinstance(d, int) and d < 0
                                                          for d in dims(converted.inputs[0]))
     ei.Session(converted, backend="numpy").run({"x": photo_like((1, 3, 5, 7))})  # another size
+
+
+def test_dims_named_question_mark_are_independent(tmp_path):
+    """paddle2onnx names every unknown dim ``?``; onnxruntime never ties them together, so an
+    image 48 high and 192 wide is fine."""
+    model = conv_model([-1, 3, "?", "?"], [-1, 4, "?", "?"])
+    converted = check_everywhere(model, photo_like((1, 3, 6, 10)), tmp_path, warns=None)
+    assert "?" not in dims(converted.inputs[0])
 
 
 def test_dim_value_zero_on_an_input_is_dynamic_with_a_warning(tmp_path):
