@@ -49,7 +49,7 @@ def imagenet(name: str, size: int = 224):
     return lambda: [image_input(name, size, size, mean=IMAGENET_MEAN, std=IMAGENET_STD)]
 
 
-def light(name: str, photo_name: str, note: str) -> RealModel:
+def light(name: str, photo_name: str, note: str, refuses: dict[str, str] | None = None) -> RealModel:
     """One of onnx's shipped light model-zoo graphs, fed an ImageNet-normalized photo."""
 
     def source():
@@ -58,7 +58,8 @@ def light(name: str, photo_name: str, note: str) -> RealModel:
         return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
 
     return RealModel(id=f"onnx/light_{name}", package="onnx", format="onnx", task="classification",
-                     source=source, feeds=imagenet(photo_name), note=f"caffe2 export (opset 9); {note}")
+                     source=source, feeds=imagenet(photo_name), note=f"caffe2 export (opset 9); {note}",
+                     refuses=refuses or {})
 
 
 def silero_state(path, chunk: np.ndarray, *rest: np.ndarray) -> np.ndarray:
@@ -110,18 +111,28 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("rapidocr-onnxruntime", RAPIDOCR + "ch_PP-OCRv4_rec_infer.onnx"),
         feeds=lambda: [text_line(48, 320)],
         note="paddle2onnx; SVTR attention, height declared with no value",
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of a dynamic dim; see _static
+    ),
+    RealModel(
+        id="rapidocr/ppocrv4_rec_static", package="rapidocr-onnxruntime", format="onnx", task="ocr-recognition",
+        source=lambda: model_file("rapidocr-onnxruntime", RAPIDOCR + "ch_PP-OCRv4_rec_infer.onnx"),
+        feeds=lambda: [text_line(48, 320)],
+        convert_kwargs={"input_shapes": {"x": (1, 3, 48, 320)}},
+        note="static input_shapes: the shape subgraphs fold, TFLite export works",
     ),
     RealModel(
         id="rapidocr/ppocr_mobile_v2_cls", package="rapidocr-onnxruntime", format="onnx", task="classification",
         source=lambda: model_file("rapidocr-onnxruntime", RAPIDOCR + "ch_ppocr_mobile_v2.0_cls_infer.onnx"),
         feeds=lambda: [text_line(48, 192)],
         note="paddle2onnx (opset 11); batch declared as dim_value -1",
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of the dynamic batch
     ),
     RealModel(
         id="ddddocr/common", package="ddddocr", format="onnx", task="ocr-recognition",
         source=lambda: model_file("ddddocr", "ddddocr/common.onnx"),
         feeds=lambda: [ddddocr_line(256)],
         note="torch.onnx 1.9; CNN + LSTM, width symbolic",
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape; static, its LSTM has none either
     ),
     RealModel(
         id="ddddocr/common_det", package="ddddocr", format="onnx", task="detection",
@@ -134,45 +145,56 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("nudenet", "nudenet/320n.onnx"),
         feeds=lambda: [image_input("astronaut", 320, 320)],
         note="torch.onnx 2.3; YOLOv8n, symbolic batch/height/width",
+        refuses={"tflite": "has rank 2, expected 3",  # YOLOv8 head: rtflite fixes the class
+                 "tflite-export": "spatial dims must be static"},
     ),
     RealModel(
         id="silero-vad/silero_vad", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad.onnx"),
         feeds=silero_feeds("silero_vad.onnx", sr=True),
         note="spox; one If over the sample rate, subgraphs with LSTM state",
+        refuses={"tflite": "op If has no TFLite export rule", "tflite-export": "no TFLite export rule for this op"},
     ),
     RealModel(
         id="silero-vad/silero_vad_16k_op15", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_16k_op15.onnx"),
         feeds=silero_feeds("silero_vad_16k_op15.onnx", sr=True),
         note="torch.onnx 2.3 (opset 15); If nodes",
+        refuses={"openvino": "rank has to be known", "tflite": "could not load graph",
+                 "tflite-export": "more than one dim unknown at export"},
     ),
     RealModel(
         id="silero-vad/silero_vad_half", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_half.onnx"),
         feeds=silero_feeds("silero_vad_half.onnx", sr=False),
         note="float16 weights and compute inside, float32 interface",
+        refuses={"openvino": "rank has to be known", "tflite": "could not load graph",
+                 "tflite-export": "more than one dim unknown at export"},
     ),
     RealModel(
         id="silero-vad/silero_vad_op18_ifless", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_op18_ifless.onnx"),
         feeds=silero_feeds("silero_vad_op18_ifless.onnx", sr=True, sr_first=True),
         note="torch.onnx 2.9 (opset 18)",
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # Equal, If
     ),
     RealModel(
         id="silero-vad/silero_vad_16k_sequence", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_16k_sequence.onnx"),
         feeds=sequence_feeds,
         note="torch.onnx 2.11; LSTM over a sequence of frames",
+        refuses={"tflite-export": "only 2-D convolutions"},  # the STFT's Conv1d
     ),
     RealModel(
         id="silero-vad/silero_vad_openvino_16k", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_openvino_16k.onnx"),
         feeds=silero_feeds("silero_vad_openvino_16k.onnx", sr=False, samples=576),
         note="spox; static shapes, several nodes share one name",
+        refuses={"tflite-export": "only 2-D convolutions"},
     ),
-    light("shufflenet", "coffee", "grouped convolutions, channel shuffle"),
-    light("resnet50", "astronaut", "Sum"),
-    light("inception_v1", "chelsea", "LRN"),
+    light("shufflenet", "coffee", "grouped convolutions, channel shuffle",
+          refuses={"tflite-export": "grouped convolution"}),  # rtflite fixes the class
+    light("resnet50", "astronaut", "Sum", refuses={"tflite-export": "no TFLite export rule for this op"}),
+    light("inception_v1", "chelsea", "LRN", refuses={"tflite-export": "no TFLite export rule for this op"}),
     light("densenet121", "coffee", "1746 nodes"),
 ]
