@@ -135,6 +135,8 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
         from edgeinfer.passes import optimize as run_passes
 
         graph = run_passes(graph, level=optimize, report=pass_report)
+        if any(v.shape is None or None in v.shape for v in graph.outputs):
+            graph = infer_types(graph)  # folding may have made shape subgraphs constant
     graph.verify()
     check_weights(graph, strict=strict, where=_describe(source))
     metadata = {"source_format": name}
@@ -164,7 +166,10 @@ def check_weights(graph: Graph, *, strict: bool = False, where: str = "model") -
 def redeclare_inputs(graph: Graph, input_shapes: dict[str, tuple], dynamic_batch: bool) -> Graph:
     """A copy of ``graph`` whose inputs have the given shapes (and/or a symbolic batch ``N``).
 
-    Types of intermediate values are dropped so that inference recomputes them.
+    Types of intermediate values are dropped so that inference recomputes them. The declared
+    outputs keep their dtype and rank, with each symbol an input dim bound (``"batch"`` -> 1)
+    substituted and other dims left for inference: an output that inference cannot reach
+    (through an ``If``, a data-dependent shape) keeps what the file said rather than nothing.
     """
     unknown = sorted(set(input_shapes) - set(graph.input_names))
     if unknown:
@@ -178,7 +183,14 @@ def redeclare_inputs(graph: Graph, input_shapes: dict[str, tuple], dynamic_batch
         if dynamic_batch and shape:
             shape = ("N", *tuple(shape)[1:])
         inputs.append(Value(value.name, value.dtype, shape))
-    outputs = [Value(v.name, v.dtype, None) for v in graph.outputs]
+    bound: dict[str, Any] = {}
+    for old, new in zip(graph.inputs, inputs):
+        for declared, given in zip(old.shape or (), new.shape or ()):
+            if isinstance(declared, str):
+                bound[declared] = given if bound.get(declared, given) == given else None
+    outputs = [Value(v.name, v.dtype, None if v.shape is None else tuple(
+        bound.get(d) if isinstance(d, str) else None if dynamic_batch and i == 0 else d
+        for i, d in enumerate(v.shape))) for v in graph.outputs]
     return graph.replace(inputs=inputs, outputs=outputs, keep_types=False)
 
 

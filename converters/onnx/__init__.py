@@ -8,7 +8,10 @@ What it adds to the core proto translation (``edgeinfer.ir.onnx_io``):
 - old opsets upgraded with ``onnx.version_converter`` (to ``UPGRADE_TARGET``) so kernels see
   modern semantics; when the converter cannot upgrade a model it is kept as it is, and the
   versioned kernel registry (with its ``onnx.reference`` fallback) runs the old ops;
-- ops unknown to ONNX raise ``UnsupportedOpError`` naming the op and node.
+- ops unknown to ONNX raise ``UnsupportedOpError`` naming the op and node;
+- what real files get wrong that onnxruntime runs anyway (dims declared -1 or 0, nodes
+  sharing a name, nodes out of order, outputs without a shape, ...) is repaired with an
+  ``OnnxLeniencyWarning`` (``lenient.py``); anything else the checker rejects is refused.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ from edgeinfer.converters.onnx.external import (
     read_into_proto,
     weightless,
 )
+from edgeinfer.converters.onnx.lenient import OnnxLeniencyWarning, check_leniently
 from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph
 from edgeinfer.ir.onnx_io import graph_from_model, opset_of
+
+__all__ = ["OnnxLeniencyWarning", "accepts", "convert", "export", "import_model", "read_model"]
 
 SUFFIXES = (".onnx",)
 MIN_OPSET = 7
@@ -199,15 +205,9 @@ def import_model(model: onnx.ModelProto, where: str = "<model>", *, upgrade: boo
         from onnx import inliner
 
         model = inliner.inline_local_functions(model)
+    model = check_leniently(model, where)
     if upgrade and version < UPGRADE_TARGET and not _upgrade_unsafe(model.graph, version):
         model = _upgraded(model)
-    try:
-        onnx.checker.check_model(model)
-    except ValueError as exc:  # the checker's own parser refuses the model (too deep, too large)
-        raise ModelFormatError(f"{where}: the ONNX checker cannot parse the model: {str(exc).strip()[:200]}") from exc
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
-        raise ModelValidationError(f"{where}: the ONNX checker rejects the model: {first}") from exc
     graph = attach(graph_from_model(model), external or {})
     graph = graph.sorted()  # raises ModelValidationError naming a node on a cycle
     graph.verify()
@@ -241,25 +241,39 @@ def export(graph: Graph, path: str | os.PathLike | None = None, *,
            external_data: bool | None = None) -> onnx.ModelProto:
     """IR -> ONNX model (checked with ``full_check``); written atomically if ``path`` is given.
 
+    The file holds standard ONNX only, so any engine loads it: ``edgeinfer``-domain ops (the
+    fused ops of ``optimize=2``) are lowered back to standard ops first, and one without a
+    lowering raises ``UnsupportedOpError`` before anything is written. Every graph output
+    carries a dtype and shape (the checker requires them): they are inferred where unknown,
+    and an output whose rank nothing can infer is refused.
+
     ``external_data`` (default: when the weights pass ``EXTERNAL_DATA_ABOVE`` bytes, as they
     must past protobuf's 2 GB) writes initializers of 1 KiB and more to ``<file>.data`` beside
     the file, streamed one by one, and returns the protobuf without them."""
     from edgeinfer.converters.onnx.external import save_with_external_data, split_initializers
-    from edgeinfer.ir.onnx_io import graph_to_model
+    from edgeinfer.ir.infer import infer_types
+    from edgeinfer.ir.lowering import lower_graph
+    from edgeinfer.ir.onnx_io import array_to_tensor, graph_to_model
 
-    weights = sum(a.nbytes for a in graph.initializers.values() if a.dtype.kind in "fiub")
+    lowered = lower_graph(graph)
+    if lowered is not graph or any(v.dtype is None or v.shape is None for v in graph.outputs):
+        lowered = infer_types(lowered.copy())
+    untyped = [v.name for v in lowered.outputs if v.dtype is None or v.shape is None]
+    if untyped:
+        raise ModelValidationError(f"ONNX export: graph output(s) {untyped} have no inferable dtype or rank; "
+                                   "ONNX files declare both for every output (convert with input_shapes=...)")
+    weights = sum(a.nbytes for a in lowered.initializers.values() if a.dtype.kind in "fiub")
     if external_data is None:
         external_data = weights > EXTERNAL_DATA_ABOVE
     if external_data and path is None:
         raise ModelValidationError("ONNX export with external data needs a path to write the data beside")
-    big = split_initializers(graph) if external_data else {}
-    model = graph_to_model(graph, include_initializers=not external_data)
     if external_data:
-        from edgeinfer.ir.onnx_io import array_to_tensor
-
-        model.graph.initializer.extend(array_to_tensor(a, n) for n, a in graph.initializers.items() if n not in big)
+        big = split_initializers(lowered)
+        model = graph_to_model(lowered, include_initializers=False)
+        model.graph.initializer.extend(array_to_tensor(a, n) for n, a in lowered.initializers.items() if n not in big)
         save_with_external_data(model, big, Path(path))
         return model
+    model = graph_to_model(lowered)
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

@@ -77,13 +77,16 @@ def main() -> None:
 @click.option("--repro-dir", type=click.Path(path_type=Path),
               help="For --verify: save the first diverging node as a minimal ONNX model with its inputs here.")
 @click.option("--backend", default="numpy", show_default=True, help="For --verify: the backend edgeinfer runs on.")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="For --verify: a real input from a .npy file (repeatable; inputs not given are random).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @click.option("--strict", is_flag=True, help="Refuse weights that hold NaN or infinities (default: a warning).")
 @quantize_options
 @handle_errors
 def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
             dynamic_batch: bool, optimize: int, report: bool, verify: bool, tolerance: float | None,
-            repro_dir: Path | None, backend: str, quiet: bool, strict: bool, quantization: dict | None) -> None:
+            repro_dir: Path | None, backend: str, inputs: tuple[str, ...], quiet: bool, strict: bool,
+            quantization: dict | None) -> None:
     """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file.
 
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
@@ -100,8 +103,8 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
         options["dynamic_batch"] = True
     if output.suffix.lower() != ".eim":
         raise InputError(f"-o {output}: expected a path ending in .eim")
-    if not verify and (repro_dir is not None or tolerance is not None):
-        raise InputError("--repro-dir and --tolerance go with --verify")
+    if not verify and (repro_dir is not None or tolerance is not None or inputs):
+        raise InputError("--repro-dir, --tolerance and --input go with --verify")
     started = time.perf_counter()
     passes: list = []
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
@@ -113,7 +116,8 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
         _print_pass_report(passes)
     if verify:
         _verify(source, model, options, backend=parse_backend(backend), quantized=quantization is not None,
-                tolerance=tolerance, repro_dir=repro_dir, quiet=quiet)
+                tolerance=tolerance, repro_dir=repro_dir, quiet=quiet,
+                feeds=_load_feeds(model, inputs, True, 1) if inputs else None)
     with progress_bar(f"writing {output.name}", None, enabled=shows_progress(quiet)):
         model.save(output)
     summary = model.summary()
@@ -122,9 +126,9 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
 
 
 def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized: bool, tolerance: float | None,
-            repro_dir: Path | None, quiet: bool) -> None:
+            repro_dir: Path | None, quiet: bool, feeds: dict[str, np.ndarray] | None = None) -> None:
     """Print the error of every output against the source framework; a mismatch is an error."""
-    from edgeinfer.cli.parity import DEFAULT_TOLERANCE, verify
+    from edgeinfer.cli.parity import ABSOLUTE_FLOOR, DEFAULT_TOLERANCE, verify
     from edgeinfer.cli.progress import progress_bar, shows_progress
     from edgeinfer.errors import ModelValidationError
 
@@ -133,9 +137,10 @@ def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized:
     extra = {"weights": options["weights"]} if "weights" in options else {}
     with progress_bar(f"verifying {source.name}", 3, enabled=shows_progress(quiet)) as progress:
         result = verify(source, model, backend=backend, tolerance=tolerance, repro_dir=repro_dir,
-                        progress=progress, **extra)
-    click.echo(f"verify: {result.engine} vs edgeinfer ({result.backend}) on random inputs, "
-               f"tolerance {tolerance:g} relative to the reference's largest magnitude")
+                        progress=progress, feeds=feeds, **extra)
+    click.echo(f"verify: {result.engine} vs edgeinfer ({result.backend}) on {'given' if feeds else 'random'} "
+               f"inputs, tolerance {tolerance:g} relative to the reference's largest magnitude "
+               f"(plus {ABSOLUTE_FLOOR:g} absolute)")
     for error in result.outputs:
         click.echo(f"  output {error.name}: max abs error {error.max_abs:.3g}, relative {error.max_rel:.3g}  "
                    f"{'ok' if error.ok else 'MISMATCH'}")
@@ -181,8 +186,8 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
         except (ValueError, OSError, EOFError) as exc:
             raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
                              f"({one_line(exc)})") from exc
-    if random_inputs:
-        missing = [info.name for info in model.inputs if info.name not in feeds]
+    missing = [info.name for info in model.inputs if info.name not in feeds]
+    if random_inputs and missing:
         try:
             generated = model.random_feeds(batch=batch)
         except InputError as exc:

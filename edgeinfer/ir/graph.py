@@ -232,24 +232,8 @@ class Graph:
     def topological_order(self) -> list[Node]:
         """Nodes ordered so each comes after the producers of its inputs (stable: keeps the
         current order where it is already valid). Raises ``ModelValidationError`` on a cycle."""
-        producer_of = {o: i for i, node in enumerate(self.nodes) for o in node.outputs if o}
-        pending = []
-        consumers: list[list[int]] = [[] for _ in self.nodes]
-        for index, node in enumerate(self.nodes):
-            deps = {producer_of[name] for name in _node_reads(node) if name in producer_of}
-            pending.append(len(deps))
-            for dep in deps:
-                consumers[dep].append(index)
-        ready = [i for i, count in enumerate(pending) if count == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            index = heapq.heappop(ready)
-            order.append(index)
-            for consumer in consumers[index]:
-                pending[consumer] -= 1
-                if pending[consumer] == 0:
-                    heapq.heappush(ready, consumer)
+        order, pending = stable_topological_order([_node_reads(n) for n in self.nodes],
+                                                  [n.outputs for n in self.nodes])
         if len(order) != len(self.nodes):
             stuck = [self.nodes[i] for i, count in enumerate(pending) if count > 0]
             raise ModelValidationError(
@@ -336,6 +320,32 @@ class Graph:
         infos = [self.values[o].typed_like() for o in produced if self.values[o].dtype is not None]
         return Graph(members, inputs, outputs, inits, value_info=infos, opset=self.opset,
                      name=name or f"{self.name}_part")
+
+
+def stable_topological_order(reads: Sequence[Iterable[str]],
+                             writes: Sequence[Iterable[str]]) -> tuple[list[int], list[int]]:
+    """Kahn's sort of items (nodes) that read and write names, keeping the given order among
+    ready items: (the order, shorter than the items on a cycle; each item's count of
+    producers it still waits for, above zero for those on or behind a cycle)."""
+    producer_of = {name: index for index, names in enumerate(writes) for name in names if name}
+    pending = []
+    consumers: list[list[int]] = [[] for _ in writes]
+    for index, names in enumerate(reads):
+        deps = {producer_of[name] for name in names if name in producer_of}
+        pending.append(len(deps))
+        for dep in deps:
+            consumers[dep].append(index)
+    ready = [i for i, count in enumerate(pending) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for consumer in consumers[index]:
+            pending[consumer] -= 1
+            if pending[consumer] == 0:
+                heapq.heappush(ready, consumer)
+    return order, pending
 
 
 def _node_reads(node: Node) -> list[str]:

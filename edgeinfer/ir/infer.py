@@ -33,6 +33,14 @@ def type_rule(op_type: str, domain: str):
 
 def _inference_model(graph: Graph) -> onnx.ModelProto:
     model = graph_to_model(graph, include_initializers=False)
+    for opset in model.opset_import:
+        # ONNX propagates Shape's data (Shape -> Slice -> Concat -> Reshape) only from Shape-15;
+        # without start/end Shape-15 is Shape-13, and no op changed meaning from 13 to 15
+        if opset.domain in ("", "ai.onnx") and 13 <= opset.version < 15:
+            opset.version = 15
+    for info, value in zip(model.graph.output, graph.outputs):
+        if not value.is_static:  # ONNX keeps a declared output type as it is; let it infer one
+            info.ClearField("type")
     for name, array in graph.initializers.items():
         small = array.size <= _INLINE_CONST_LIMIT or array.dtype.kind in "iub"
         if small:
@@ -52,10 +60,10 @@ def _merge(value: Value, dtype: str | None, shape) -> bool:
     if shape is None:
         return changed
     if value.shape is None or len(value.shape) != len(shape):
-        if value.shape is None:
-            value.shape = tuple(shape)
-            return True
-        return changed
+        # a declared rank that the ops do not produce is a stale claim of the exporter (ddddocr
+        # declares a rank-2 output its Reshape makes rank 3; onnxruntime warns and runs it)
+        value.shape = tuple(shape)
+        return True
     merged = tuple(old if isinstance(old, int) or (isinstance(old, str) and not isinstance(new, int))
                    else new if new is not None else old for old, new in zip(value.shape, shape))
     if merged != value.shape:

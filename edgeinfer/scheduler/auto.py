@@ -185,6 +185,13 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
             continue
         runners[label], label_of[label], built[label] = runner, names, (backends, plan)
     if not runners:
+        if any(isinstance(d, str) for info in model.inputs for d in info.shape or ()):
+            # random feeds bind every symbol to 1, which a detector or a VAD with dynamic dims
+            # may not take (a Concat of two strides): as with unknown dims, keep the default
+            default = lists[-2 if len(lists) > 1 else 0]
+            log.warning("backend='auto' cannot time candidates on random feeds with symbols bound to 1 (%s); "
+                        "using %s", next(iter(skipped.values()), ""), default)
+            return AutoChoice(default, skipped=skipped)
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
     for runner in runners.values():  # a fresh engine is slower for its first calls (allocation, JIT kernels)
         _warm(lambda r=runner: r.run(feeds))

@@ -3,7 +3,8 @@
 A ``RealModel`` says where its file comes from (a wheel and a member path, or a builder for
 modules), how to make its real inputs (positional, in the native runtime's input order), and
 which places may refuse it with a typed error (``refuses``: a check name, such as
-``"tflite-export"`` or a backend name, mapped to a substring of the expected message). A place
+``"tflite-export"`` or a backend name, mapped to a substring of the expected message; a
+backend that declines every node refuses through the plan's recorded reason instead). A place
 not listed there must accept the model and match the native outputs.
 
 Matching rule (issue 19): ``max |got - ref| <= rtol * max |ref| + atol`` per output, rtol 1e-4

@@ -82,6 +82,9 @@ def test_eim_round_trip_on_every_backend(entry: RealModel, backend: str, tmp_pat
     if refusal is not None:
         with refusal:
             with ei.Session(loaded, backend=backend, threads=2) as session:
+                if not session.plan.node_counts().get(backend):  # declined every node: the plan says why
+                    assert entry.refuses[backend] in session.plan.describe(), session.plan.describe()
+                    raise ei.EdgeInferError(entry.refuses[backend])
                 run_session(session, loaded, p.feeds)
         return
     with ei.Session(loaded, backend=backend, threads=2) as session:

@@ -42,9 +42,12 @@ def thresholded_relu(x, *, alpha=1.0):
 
 @kernel("Sigmoid", since=6)
 def sigmoid(x):
+    """``1 / (1 + exp(-x))`` as ``1 / (1 + e)`` for x >= 0 and ``e / (1 + e)`` below, with
+    ``e = exp(-|x|)`` in (0, 1]: no exp overflows, and no ``inf / inf`` on large inputs."""
     w = _wide(x)
-    with np.errstate(over="ignore"):  # exp overflow -> inf -> exactly 0 or 1, as wanted
-        result = np.where(w >= 0, 1.0 / (1.0 + np.exp(-w)), np.exp(w) / (1.0 + np.exp(w)))
+    e = np.exp(-np.abs(w))
+    ratio = 1.0 / (1.0 + e)
+    result = np.where(w >= 0, ratio, e * ratio)
     return as_array(result).astype(x.dtype, copy=False)
 
 

@@ -57,7 +57,8 @@ def _gelu_in_place(y: np.ndarray) -> np.ndarray:
 
 def _sigmoid(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     np.negative(x, out=out)
-    np.exp(out, out=out)
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for x below about -88: 1 / inf is 0, as wanted
+        np.exp(out, out=out)
     out += 1
     return np.reciprocal(out, out=out)
 
