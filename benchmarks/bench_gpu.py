@@ -5,7 +5,7 @@ CPU(onnxruntime) + GPU(torch) stream against all-CPU and all-GPU.
     python benchmarks/bench_gpu.py --device cpu --quick # the same steps, small, on the CPU (a dry run)
 
 Latency (``latency`` rows): ResNet-50, MobileNetV2 (224x224) and a BERT-base-sized encoder block
-(seq 128, d 768, 12 heads) from ``edgeinfer.zoo`` at batch 1 and 8. Contenders:
+(seq 128, d 768, 12 heads) from ``devkit.zoo`` at batch 1 and 8. Contenders:
 
 - ``eager fp32`` / ``eager fp16``: the same network written directly as a ``torch.nn`` module
   (Conv2d + BatchNorm2d + ReLU, ...; ``build_eager``) carrying the zoo model's weights, in eval
@@ -74,7 +74,8 @@ from onnx import TensorProto, compose, helper, numpy_helper  # noqa: E402
 from torch import nn  # noqa: E402
 
 import edgeinfer as ei  # noqa: E402
-from edgeinfer import scheduler, zoo  # noqa: E402
+from devkit import zoo  # noqa: E402
+from edgeinfer import scheduler  # noqa: E402
 from edgeinfer.backend import get_backend  # noqa: E402
 from edgeinfer.scheduler.executors import SequentialExecutor  # noqa: E402
 from edgeinfer.scheduler.pipeline import Pipeline, Stage, StagePlan  # noqa: E402

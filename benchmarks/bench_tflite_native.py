@@ -4,7 +4,7 @@ For every ``.tflite`` model of the real-model corpus (``tests/real/models_tflite
 conversion time, the operator count of the original file and of edgeinfer's re-export, and
 the median latency of LiteRT on the original file, LiteRT on the re-exported file, the
 edgeinfer ``tflite`` backend and ``backend="auto"``, timed interleaved in one process
-(``edgeinfer.benchmark.time_engines``), batch 1, the same thread count everywhere. Ratios are
+(``edgeinfer.timing.time_engines``), batch 1, the same thread count everywhere. Ratios are
 against LiteRT on the original file; the last row is their geometric mean.
 
     python benchmarks/bench_tflite_native.py [--threads 2] [--calls 20] [--only face_detection]
@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import edgeinfer as ei  # noqa: E402
-from edgeinfer.benchmark import time_engines  # noqa: E402
 from edgeinfer.converters.tflite.reader import read_model  # noqa: E402
+from edgeinfer.timing import time_engines  # noqa: E402
 from tests.real.models_tflite import MODELS  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import numpy_helper
 
 import edgeinfer as ei
-from edgeinfer.testing import assert_close
+from devkit.testing import assert_close
 
 ort = pytest.importorskip("onnxruntime")
 litert = pytest.importorskip("ai_edge_litert.interpreter")

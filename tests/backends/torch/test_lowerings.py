@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backends.numpy import KERNELS, NumpyBackend
 from edgeinfer.backends.torch import LOWERINGS, TorchBackend
 from edgeinfer.ir import dtypes
-from edgeinfer.testing import assert_close, parse_model
 
 DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")  # gpu_check.sh: cuda:0
 HEADER = '<ir_version: 8, opset_import: ["" : {opset}, "edgeinfer" : 1]>'

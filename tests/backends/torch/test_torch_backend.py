@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close, parse_model
 from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.backends.torch import TorchBackend, TorchExecutable, available_devices, resolve_device
 from edgeinfer.errors import BackendError
-from edgeinfer.testing import assert_close, parse_model
 
 DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")
 on_cuda = pytest.mark.skipif(not DEVICE.startswith("cuda"), reason="needs EDGEINFER_TORCH_DEVICE=cuda:N")

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 from edgeinfer.converters.tflite.reader import read_model
 from edgeinfer.converters.tflite.sparsity import DENSE, SPARSE_CSR, DimensionMetadata, Sparsity, densify
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir.weights import stored_weight_dtype
-from edgeinfer.testing import assert_close
 
 tf = pytest.importorskip("tensorflow")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
