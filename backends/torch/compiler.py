@@ -1,7 +1,7 @@
 """Build a ``torch.fx.GraphModule`` from an IR graph: one module call per node.
 
-Each IR node becomes a ``NodeOp`` submodule (its lowering with the attributes bound) called
-from an fx graph in the IR's topological order; weights are buffers of the root module, so
+Each IR node becomes a ``NodeOp`` (its lowering with the attributes bound) called from an fx
+graph in the IR's topological order; weights are buffers of the root module, so
 ``GraphModule.to(device)`` moves them once. Three things are decided per node at build time:
 
 - *folded*: every input is a constant (a ``Constant``, the Cast that widens fp16-stored
@@ -49,17 +49,22 @@ class NodeFailure(RuntimeError):
         self.label = label
 
 
-class NodeOp(torch.nn.Module):
-    """One IR node: ``fn(*inputs, **attrs)`` with static inputs baked into ``layout``."""
+class NodeOp:
+    """One IR node: ``fn(*inputs, **attrs)`` with static inputs baked into ``layout``.
 
-    def __init__(self, label: str, fn, layout: list[tuple[str, Any]], attrs: dict[str, Any]):
-        super().__init__()
+    A plain callable, the target of an fx ``call_function`` node (an ``nn.Module`` per node
+    would add its ``__call__`` machinery, hooks included, to every node of every run); fx
+    names it in the generated code by ``__name__``."""
+
+    def __init__(self, label: str, fn, layout: list[tuple[str, Any]], attrs: dict[str, Any], name: str = "node"):
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = "edgeinfer_graph"
         self.label = label
         self.fn = fn
         self.layout = layout  # per input position: ("arg", None) | ("const", value)
         self.attrs = attrs
 
-    def forward(self, *args):
+    def __call__(self, *args):
         it = iter(args)
         inputs = [next(it) if kind == "arg" else value for kind, value in self.layout]
         try:
@@ -70,15 +75,16 @@ class NodeOp(torch.nn.Module):
             raise NodeFailure(self.label, exc) from exc
 
 
-class ToDevice(torch.nn.Module):
+class ToDevice:
     """A host value entering device compute: copied once, float32 in the compute precision."""
 
-    def __init__(self, device: torch.device, float_dtype: torch.dtype):
-        super().__init__()
+    def __init__(self, device: torch.device, float_dtype: torch.dtype, name: str):
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = "edgeinfer_graph"
         self.device = device
         self.float_dtype = float_dtype
 
-    def forward(self, x):
+    def __call__(self, x):
         return x.to(self.device, self.float_dtype if x.dtype == torch.float32 else x.dtype)
 
 
@@ -122,11 +128,11 @@ class _Builder:
                                num_outputs=len(node.outputs), output_dtypes=dtypes(node.outputs),
                                input_dtypes=dtypes(node.inputs), float_dtype=float_dtype)
 
-    def node_op(self, node: Node, lowering: Lowering, on_host: bool, layout) -> NodeOp:
+    def node_op(self, node: Node, lowering: Lowering, on_host: bool, layout, name: str = "node") -> NodeOp:
         attrs = dict(node.attrs)
         if lowering.wants_ctx:
             attrs["_ctx"] = self.context(node, on_host)
-        return NodeOp(node.label, lowering.fn, layout, attrs)
+        return NodeOp(node.label, lowering.fn, layout, attrs, name)
 
     def const_slot(self, name: str, position: int, lowering: Lowering) -> tuple[str, Any]:
         tensor = self.constants[name]
@@ -152,10 +158,8 @@ class _Builder:
             else:
                 layout.append(("arg", None))
                 args.append(self.input_node(name, on_host or position in lowering.static))
-        op = self.node_op(node, lowering, on_host, layout)
-        target = f"n{index}_{node.op_type}"
-        self.root.add_module(target, op)
-        call = self.fx.call_module(target, tuple(args))
+        op = self.node_op(node, lowering, on_host, layout, f"n{index}_{node.op_type}")
+        call = self.fx.call_function(op, tuple(args))
         self.placements[node.label] = "host" if on_host else "device"
         outputs = [o for o in node.outputs]
         if len(outputs) == 1:
@@ -175,9 +179,8 @@ class _Builder:
             return self.buffer(name)
         if name in self.host and not host_ok:
             if name not in self.on_device:
-                target = f"to_device_{len(self.on_device)}"
-                self.root.add_module(target, ToDevice(self.device, self.float_dtype))
-                self.on_device[name] = self.fx.call_module(target, (self.env[name],))
+                to_device = ToDevice(self.device, self.float_dtype, f"to_device_{len(self.on_device)}")
+                self.on_device[name] = self.fx.call_function(to_device, (self.env[name],))
             return self.on_device[name]
         return self.env[name]
 
