@@ -57,8 +57,8 @@ import sys
 sys.path.insert(0, 'benchmarks')
 import bench_gpu  # noqa: F401  (a source checkout without an install works too)
 import pytest
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '-x', 'tests/backends/torch']))
-" 2>&1 | tee "$RESULTS/tests.log" | tail -25
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '--tb=line', '-rf', 'tests/backends/torch']))
+" 2>&1 | tee "$RESULTS/tests.log" | tail -40
   test_status=${PIPESTATUS[0]}
   [ "$test_status" -eq 124 ] && echo "tests: stopped after ${TEST_SECONDS}s"
   [ "$test_status" -ne 0 ] && status=1

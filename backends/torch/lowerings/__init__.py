@@ -8,6 +8,7 @@ from edgeinfer.backends.torch.lowerings import (  # noqa: F401
     generators,
     indexing,
     matmul,
+    matmul_nbits,
     normalization,
     pool,
     quantize,

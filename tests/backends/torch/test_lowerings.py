@@ -112,6 +112,34 @@ def _model(case_id: str) -> ei.Model:
     return ei.convert(parse_model(HEADER.format(opset=opset) + "\n" + text), optimize=0)
 
 
+def _weight_only_model(block_size: int = 32) -> ei.Model:
+    """Gemm -> Relu quantized to com.microsoft::MatMulNBits (int4 blocks, K not a multiple of
+    the block) by ``ei.quantize``; with ``block_size=16`` the 8-bit form."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    k, n = 200, 96  # large enough for the quantizer to take (a small weight stays float)
+    weight = numpy_helper.from_array(rng.standard_normal((n, k)).astype(np.float32), "w")
+    bias = numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1),
+                               helper.make_node("Relu", ["h"], ["y"])], "gemm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])], [weight, bias])
+    model = ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    weights = "int4" if block_size == 32 else "int8"
+    return ei.quantize(model, weights=weights, mode="weight_only", block_size=block_size)
+
+
+@pytest.mark.parametrize("block_size", [32, 16], ids=["int4", "int8"])
+def test_matmul_nbits_matches_numpy(block_size: int):
+    graph = _weight_only_model(block_size).graph
+    assert any(node.op_type == "MatMulNBits" for node in graph.nodes)
+    assert TorchBackend().unsupported(graph) == {}
+    feeds = random_feeds(graph)
+    got = TorchBackend(device=DEVICE).compile(graph).run(feeds)["y"]
+    assert_close(got, NumpyBackend().compile(graph).run(feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
 def random_feeds(graph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feeds = {}
@@ -158,7 +186,7 @@ def _exercised() -> set[tuple[str, str, int]]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
-    graphs = [_model(c).graph for c in [*CASES, *OLD_FORMS]]
+    graphs = [_model(c).graph for c in [*CASES, *OLD_FORMS]] + [_weight_only_model().graph]
     outcomes = module.outcomes()
     graphs += [ei.convert(case.model).graph for case in module.NUMPY.node_cases()
                if outcomes[case.name].declined is None and outcomes[case.name].error is None]
