@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v2", "encoder"],
                         choices=["resnet50", "mobilenet_v2", "encoder"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--rounds", type=int, default=None, help="timed runs per contender (default 50; quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed runs per contender (default 50; quick 5)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed runs first (default 10; quick 3)")
     parser.add_argument("--requests", type=int, default=None, help="stream requests (default 200; quick 8)")
     parser.add_argument("--stream-batch", type=int, default=8)
