@@ -2,7 +2,10 @@
 
 Route: source -> ``torch.export`` ExportedProgram (``capture``) -> op check against edgeinfer's
 registry (``ops``) -> ``torch.onnx.export(..., dynamo=True)`` -> ``onnx.ModelProto`` ->
-``edgeinfer.converters.onnx.import_model`` (``translate``).
+``edgeinfer.converters.onnx.import_model`` (``translate``). TorchScript whose control flow
+``TS2EPConverter`` cannot rewrite goes through ``torch.onnx.export(..., dynamo=False)`` instead
+(``translate.script_to_onnx``); the route taken is logged and kept in
+``graph.metadata["pytorch_route"]``.
 
 Why this route: ``torch.export`` is the capture PyTorch maintains (TorchScript is in
 maintenance, the TorchScript-based ONNX exporter is deprecated), and the dynamo ONNX exporter
@@ -18,13 +21,23 @@ translation; files are classified without executing a pickle (``files``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.errors import ConversionError
+from edgeinfer.errors import ConversionError, UnsupportedOpError
 from edgeinfer.ir import Graph
+
+_log = logging.getLogger(__name__)
+
+# How a model went to ONNX (graph.metadata[ROUTE_KEY]).
+ROUTE_KEY = "pytorch_route"
+ROUTE_MODULE = "torch.export -> torch.onnx (dynamo)"
+ROUTE_PROGRAM = "ExportedProgram -> torch.onnx (dynamo)"
+ROUTE_SCRIPT_PROGRAM = "TS2EPConverter -> torch.onnx (dynamo)"
+ROUTE_SCRIPT_ONNX = "torch.onnx.export (TorchScript, dynamo=False)"
 
 SUFFIXES = (".pt", ".pth", ".pt2")
 _MODULE_CLASSES = {("torch.nn.modules.module", "Module"), ("torch.export.exported_program", "ExportedProgram"),
@@ -75,21 +88,59 @@ def convert(source: Any, *, example_inputs: Any = None, input_names: Sequence[st
             kind = _kind_of(source)
             where = f"<{type(source).__name__}>"
             loaded = source
-        if kind == "exported_program":
-            program = capture.prepare_program(loaded, dynamic_batch, input_shapes, where)
-        elif kind == "torchscript":
-            program, input_names = capture.capture_script(loaded, example_inputs, input_shapes, input_names,
-                                                          dynamic_batch, where)
+        if kind == "torchscript":
+            model, weights, route = _convert_script(loaded, example_inputs, input_shapes, input_names,
+                                                    output_names, dynamic_batch, where)
         else:
-            program, input_names = capture.capture_module(loaded, example_inputs, input_shapes, input_names,
-                                                          dynamic_batch, where)
-        ops.check_supported(program.graph_module, where)
-        model, weights = translate.to_onnx(program, input_names, output_names, where)
+            if kind == "exported_program":
+                program, route = capture.prepare_program(loaded, dynamic_batch, input_shapes, where), ROUTE_PROGRAM
+            else:
+                program, input_names = capture.capture_module(loaded, example_inputs, input_shapes, input_names,
+                                                              dynamic_batch, where)
+                route = ROUTE_MODULE
+            ops.check_supported(program.graph_module, where)
+            model, weights = translate.to_onnx(program, input_names, output_names, where)
     from edgeinfer.converters.onnx import import_model
 
     graph = import_model(model, where, external=weights)
     graph.metadata.update(_metadata())
+    graph.metadata[ROUTE_KEY] = route
     return graph
+
+
+def _convert_script(script: Any, example_inputs: Any, input_shapes: Mapping[str, Sequence[int]] | None,
+                    input_names: Sequence[str] | None, output_names: Sequence[str] | None, dynamic_batch: bool,
+                    where: str) -> tuple[Any, dict, str]:
+    """TorchScript -> (ONNX model, its large weights, route). First ``TS2EPConverter`` and the
+    dynamo exporter; where either fails (control flow it cannot rewrite, or rewrites into
+    ``torch.cond``, which the op registry does not take), the TorchScript ONNX exporter, which
+    keeps ``prim::If`` / ``prim::Loop`` as ONNX ``If`` / ``Loop``. The route taken is logged
+    and recorded in ``graph.metadata["pytorch_route"]``."""
+    from . import capture, ops, translate
+
+    assigned = capture.assigned_attributes(script)
+    if assigned:
+        raise ConversionError(f"{where}: the TorchScript forward() assigns module attributes {assigned}, state it "
+                              "keeps between calls, which a converted graph cannot hold (it would freeze them); "
+                              "convert the stateless part (a submodule that takes the state as inputs and returns "
+                              "it) and feed the state explicitly")
+    examples, input_names = capture.script_examples(script, example_inputs, input_shapes, input_names, where)
+    try:
+        program = capture.capture_script(script, examples, dynamic_batch, where)
+        ops.check_supported(program.graph_module, where)
+        model, weights = translate.to_onnx(program, input_names, output_names, where)
+    except (ConversionError, UnsupportedOpError) as exc:  # e.g. a prim::If TS2EP rewrote into torch.cond
+        reason = str(exc).removeprefix(f"{where}: ")
+        try:
+            model = translate.script_to_onnx(script, examples, input_names, output_names, dynamic_batch, where)
+        except ConversionError as fallback:
+            raise type(exc)(f"{exc}; the fallback, the TorchScript ONNX exporter, failed too: "
+                            f"{str(fallback).removeprefix(f'{where}: ')}") from fallback
+        _log.warning("%s: %s; converted with the TorchScript ONNX exporter instead (%s), which keeps control "
+                     "flow as ONNX If/Loop", where, reason, ROUTE_SCRIPT_ONNX)
+        return model, {}, ROUTE_SCRIPT_ONNX  # the TorchScript exporter writes weights into the protobuf
+    _log.info("%s: converted with %s", where, ROUTE_SCRIPT_PROGRAM)
+    return model, weights, ROUTE_SCRIPT_PROGRAM
 
 
 def _load(path: str | os.PathLike, kind: str, where: str) -> Any:

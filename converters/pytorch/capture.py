@@ -10,7 +10,10 @@
   removed"), so TorchScript goes through ``torch._export.converter.TS2EPConverter`` (the route
   ``torch.export``'s own error message recommends), which rewrites the TorchScript graph
   into an ExportedProgram. A TorchScript file records no input shapes, hence
-  ``input_shapes`` (``--input-shape``) is required for it.
+  ``input_shapes`` (``--input-shape``) is required for it. Where TS2EPConverter fails
+  (``prim::If`` / ``prim::Loop`` it cannot rewrite), the converter falls back to the
+  TorchScript ONNX exporter after all (``translate.script_to_onnx``): deprecated, but the one
+  route that keeps data-dependent control flow as ONNX ``If`` / ``Loop``.
 
 Symbolic batch: every input's dim 0 shares one ``torch.export.Dim``. ``torch.export``
 specializes dims of size 0 and 1, so an example with batch 1 is repeated to batch 2 for the
@@ -167,9 +170,10 @@ def capture_module(module: Any, example_inputs: Any, input_shapes: Mapping[str, 
         return _export(module, examples, dynamic_batch, where), input_names
 
 
-def capture_script(script: Any, example_inputs: Any, input_shapes: Mapping[str, Sequence[int]] | None,
-                   input_names: Sequence[str] | None, dynamic_batch: bool, where: str) -> tuple[Any, list[str] | None]:
-    """TorchScript module -> (ExportedProgram, input names)."""
+def script_examples(script: Any, example_inputs: Any, input_shapes: Mapping[str, Sequence[int]] | None,
+                    input_names: Sequence[str] | None, where: str) -> tuple[tuple, list[str]]:
+    """Example inputs and input names for a TorchScript module (from ``example_inputs`` or
+    float32 tensors of ``input_shapes``)."""
     examples = as_example_tuple(example_inputs, where)
     arg_names = [a.name for a in script.forward.schema.arguments[1:]]
     if not examples:
@@ -182,6 +186,43 @@ def capture_script(script: Any, example_inputs: Any, input_shapes: Mapping[str, 
             raise ConversionError(f"{where}: the TorchScript forward() takes inputs {arg_names}, got shapes for "
                                   f"{shape_names}")
         input_names = input_names or shape_names
+    return examples, list(input_names or arg_names[:len(examples)])
+
+
+def assigned_attributes(script: Any) -> list[str]:
+    """Names of module attributes that the TorchScript ``forward`` assigns (``prim::SetAttr``
+    anywhere in its inlined graph, control-flow blocks included): state kept between calls.
+    The ``if self.training:`` branch of a module in eval mode is not looked into."""
+    names: list[str] = []
+    training = bool(getattr(script, "training", False))
+
+    def visit(block: Any) -> None:
+        for node in block.nodes():
+            if node.kind() == "prim::SetAttr" and node.s("name") not in names:
+                names.append(node.s("name"))
+            blocks = list(node.blocks())
+            if node.kind() == "prim::If" and not training and _reads_training(node):
+                blocks = blocks[1:]
+            for inner in blocks:
+                visit(inner)
+
+    try:
+        visit(script.inlined_graph)
+    except (AttributeError, RuntimeError):  # not a scripted forward with a graph: nothing to say
+        return []
+    return names
+
+
+def _reads_training(node: Any) -> bool:
+    condition = next(iter(node.inputs())).node()
+    return condition.kind() == "prim::GetAttr" and condition.s("name") == "training"
+
+
+def capture_script(script: Any, examples: tuple, dynamic_batch: bool, where: str) -> Any:
+    """TorchScript module -> ExportedProgram (``TS2EPConverter``). It raises ``ConversionError``
+    where the TorchScript graph has what the converter cannot rewrite (``prim::If`` blocks whose
+    branches differ in what they return, ``prim::Loop``, attribute mutation); the caller then
+    takes the TorchScript ONNX exporter instead (``translate.script_to_onnx``)."""
     from torch._export.converter import TS2EPConverter
 
     try:
@@ -189,9 +230,11 @@ def capture_script(script: Any, example_inputs: Any, input_shapes: Mapping[str, 
     except Exception as exc:
         raise ConversionError(f"{where}: cannot convert the TorchScript graph to an ExportedProgram "
                               f"(TS2EPConverter): {type(exc).__name__}: {_first_line(exc)}") from exc
-    if dynamic_batch:
-        program = _export(program.module(check_guards=False), examples, True, where)
-    return program, input_names or arg_names
+    if dynamic_batch or not all(isinstance(d, int) for shape in user_input_shapes(program) for d in shape):
+        # TS2EPConverter marks dims it cannot prove static as symbols (even the channel count
+        # of an image input); re-export at the example's shapes so a static model stays static
+        program = _export(program.module(check_guards=False), examples, dynamic_batch, where)
+    return program
 
 
 def _placeholder_examples(program: Any) -> tuple:

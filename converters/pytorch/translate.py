@@ -140,3 +140,68 @@ def name_batch_symbol(model: Any) -> None:
         for dim in info.type.tensor_type.shape.dim:
             if dim.dim_param:
                 dim.dim_param = pattern.sub(BATCH_SYMBOL, dim.dim_param)
+
+
+SCRIPT_OPSET = 17  # the TorchScript exporter's opset for the fallback route
+
+
+def script_to_onnx(script: Any, examples: tuple, input_names: Sequence[str], output_names: Sequence[str] | None,
+                   dynamic_batch: bool, where: str) -> Any:
+    """TorchScript module -> ``onnx.ModelProto`` with the TorchScript ONNX exporter
+    (``torch.onnx.export(..., dynamo=False)``), the route for scripts that ``TS2EPConverter``
+    cannot rewrite: it translates ``prim::If`` / ``prim::Loop`` into ONNX ``If`` / ``Loop``
+    with their bodies as subgraphs, so data-dependent control flow stays control flow.
+
+    The exporter's own value_info comes from TorchScript's shape analysis and invents symbols
+    for dims it could not follow (``Concatstate_out_dim_1`` for a dim that is 1); those are
+    dropped so that edgeinfer infers every shape from the declared inputs."""
+    import io
+
+    import onnx
+    import torch
+
+    inputs = len(examples)
+    if len(input_names) != inputs:
+        raise ConversionError(f"{where}: input_names has {len(input_names)} names {list(input_names)}, but the model "
+                              f"takes {inputs} input(s)")
+    with torch.no_grad():
+        result = script(*examples)
+    outputs = len(result) if isinstance(result, (tuple, list)) else 1
+    if output_names is not None and len(output_names) != outputs:
+        raise ConversionError(f"{where}: output_names has {len(output_names)} names {list(output_names)}, but the "
+                              f"model returns {outputs} tensor(s)")
+    output_names = list(output_names) if output_names is not None else default_output_names(outputs)
+    dynamic_axes = {name: {0: BATCH_SYMBOL} for name in input_names} if dynamic_batch else None
+    buffer = io.BytesIO()
+    try:
+        torch.onnx.export(script, examples, buffer, dynamo=False, opset_version=SCRIPT_OPSET,
+                          input_names=list(input_names), output_names=output_names, dynamic_axes=dynamic_axes,
+                          do_constant_folding=True)
+        model = onnx.load_from_string(buffer.getvalue())
+    except EdgeInferError:
+        raise
+    except Exception as exc:
+        raise ConversionError(f"{where}: the TorchScript ONNX exporter (torch.onnx.export, dynamo=False) failed: "
+                              f"{type(exc).__name__}: {_first_line(exc)}") from exc
+    _drop_guessed_shapes(model.graph)
+    _check_types(model, where)
+    return model
+
+
+def _drop_guessed_shapes(graph: Any) -> None:
+    """Remove value_info and the symbolic dims of outputs (main graph and every subgraph),
+    keeping ranks and concrete dims; the declared graph inputs stay as they are."""
+    import onnx
+
+    del graph.value_info[:]
+    for info in graph.output:
+        for dim in info.type.tensor_type.shape.dim:
+            if not dim.HasField("dim_value"):
+                dim.Clear()
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _drop_guessed_shapes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for sub in attribute.graphs:
+                    _drop_guessed_shapes(sub)

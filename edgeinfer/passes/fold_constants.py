@@ -12,7 +12,9 @@ models collapse to a constant shape wherever the shape is in fact fixed.
 Not folded: random ops (their results must differ per run), quantize/dequantize (the QDQ
 pattern is what quantized backends fuse), a Cast that widens a float16/bfloat16 initializer
 (fp16 weight storage: the file keeps the narrow weights, backends widen them once when they
-compile), ops with subgraphs, nodes producing a graph
+compile), ops with subgraphs (except an ``If`` whose condition is known: it is replaced by the
+branch it takes, as the TorchScript exporter's shape tests become once shapes are static),
+nodes producing a graph
 output (the interface stays computed), and results larger than ``MAX_FOLD_ELEMENTS``
 (folding a ``ConstantOfShape`` of 100M elements would bloat the file, not speed anything).
 """
@@ -23,6 +25,7 @@ import numpy as np
 
 from edgeinfer.errors import PassError
 from edgeinfer.ir import Graph, Node, Value, dtypes
+from edgeinfer.ir.infer import infer_types
 from edgeinfer.passes.manager import PassResult, graph_pass
 from edgeinfer.passes.rules import rebuild
 
@@ -131,7 +134,13 @@ def fold_constants(graph: Graph) -> PassResult:
     known = {name: array for name, array in graph.initializers.items() if name not in graph.input_names}
     kept: list[Node] = []
     fired: dict[str, int] = {}
+    branch_infos: list[Value] = []
     for node in graph.nodes:
+        taken = _taken_branch(node, known)
+        if taken is not None:
+            kept.extend(_inline_branch(node, taken, known, branch_infos))
+            fired["If"] = fired.get("If", 0) + 1
+            continue
         shape_value = _shape_fold(graph, node, known) if not node.domain else None
         if shape_value is not None and node.outputs[0] not in graph.output_names:
             known[node.outputs[0]] = shape_value
@@ -152,4 +161,32 @@ def fold_constants(graph: Graph) -> PassResult:
     if not fired:
         return PassResult(graph, False)
     inits = {**graph.initializers, **{k: v for k, v in known.items() if k not in graph.initializers}}
-    return PassResult(rebuild(graph, kept, inits), True, fired)
+    folded = rebuild(graph, kept, inits, graph.value_info() + branch_infos)
+    if not all(v.is_static for v in folded.values.values() if v.const is None):
+        infer_types(folded)  # dims that waited on a folded input (Pad's pads, a taken branch) resolve now
+    return PassResult(folded, True, fired)
+
+
+def _taken_branch(node: Node, known: dict[str, np.ndarray]) -> Graph | None:
+    """The branch an ``If`` takes when its condition is a known constant, else None."""
+    if node.op_type != "If" or node.domain or not node.inputs or node.inputs[0] not in known:
+        return None
+    condition = np.asarray(known[node.inputs[0]])
+    if condition.size != 1:
+        return None
+    branch = node.attrs.get("then_branch" if bool(condition.reshape(-1)[0]) else "else_branch")
+    return branch if isinstance(branch, Graph) and len(branch.outputs) == len(node.outputs) else None
+
+
+def _inline_branch(node: Node, branch: Graph, known: dict[str, np.ndarray], infos: list[Value]) -> list[Node]:
+    """The nodes of ``branch`` in place of the ``If``: names in a branch are unique in the
+    model (ONNX forbids shadowing), so its nodes keep them; each If output becomes an
+    Identity of the branch output (``remove_identity`` removes them later)."""
+    known.update(branch.initializers)
+    infos.extend(v for v in branch.value_info())
+    infos.extend(v for v in branch.outputs if v.const is None and v.dtype is not None and v.producer is not None)
+    nodes = list(branch.nodes)
+    for inner, outer in zip(branch.output_names, node.outputs):
+        if outer:
+            nodes.append(Node("Identity", [inner], [outer], name=f"{node.name or outer}/inlined"))
+    return nodes

@@ -28,6 +28,8 @@ class Elementwise(nn.Module):
         c = torch.log(positive) - torch.neg(x) + torch.sin(x) * torch.cos(y) + torch.erf(x)
         d = torch.floor(x * 3) + torch.ceil(y * 3) + torch.round(x * 2) + torch.sign(y)
         e = torch.clamp(x, -0.5, 0.7) + torch.clip(y, min=0.1) + torch.maximum(x, y) - torch.minimum(x, y)
+        e = e + torch.clamp_min(x, 0.2) + torch.clamp_max(y, -0.1)  # (mean pooling divides by
+        # mask.sum().clamp(min=eps))
         f = 1.0 - x  # rsub
         g = torch.div(x * 10, 3, rounding_mode="floor") + torch.div(y * 10, 3, rounding_mode="trunc")
         h = x.clone()
