@@ -33,7 +33,8 @@ class RealModel:
     task: str                    # "detection", "ocr-recognition", "vad", ...
     source: Callable[[], Any]    # a path to the file, or an nn.Module (format "module")
     feeds: Callable[[], Sequence[np.ndarray]]   # real inputs, in the native runtime's input order
-    convert_kwargs: dict = field(default_factory=dict)   # only where the file carries no shapes
+    convert_kwargs: dict | Callable[[Sequence[np.ndarray]], dict] = field(default_factory=dict)  # only where the
+    # file carries no shapes; a callable gets the feeds (example_inputs for an nn.Module)
     rtol: float = RTOL
     atol: float = ATOL
     refuses: dict[str, str] = field(default_factory=dict)

