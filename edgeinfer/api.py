@@ -140,6 +140,8 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     graph.verify()
     check_weights(graph, strict=strict, where=_describe(source))
     metadata = {"source_format": name}
+    if "source_route" in graph.metadata:  # how the front end got there, where it has several ways
+        metadata["source_route"] = graph.metadata["source_route"]
     if isinstance(source, (str, os.PathLike)):
         metadata["source_file"] = Path(source).name
     return Model(graph, metadata)

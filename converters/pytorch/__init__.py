@@ -5,7 +5,7 @@ registry (``ops``) -> ``torch.onnx.export(..., dynamo=True)`` -> ``onnx.ModelPro
 ``edgeinfer.converters.onnx.import_model`` (``translate``). TorchScript whose control flow
 ``TS2EPConverter`` cannot rewrite goes through ``torch.onnx.export(..., dynamo=False)`` instead
 (``translate.script_to_onnx``); the route taken is logged and kept in
-``graph.metadata["pytorch_route"]``.
+``model.metadata["source_route"]``.
 
 Why this route: ``torch.export`` is the capture PyTorch maintains (TorchScript is in
 maintenance, the TorchScript-based ONNX exporter is deprecated), and the dynamo ONNX exporter
@@ -32,8 +32,8 @@ from edgeinfer.ir import Graph
 
 _log = logging.getLogger(__name__)
 
-# How a model went to ONNX (graph.metadata[ROUTE_KEY]).
-ROUTE_KEY = "pytorch_route"
+# How a model went to ONNX (graph.metadata[ROUTE_KEY]; ei.convert copies it into model.metadata).
+ROUTE_KEY = "source_route"
 ROUTE_MODULE = "torch.export -> torch.onnx (dynamo)"
 ROUTE_PROGRAM = "ExportedProgram -> torch.onnx (dynamo)"
 ROUTE_SCRIPT_PROGRAM = "TS2EPConverter -> torch.onnx (dynamo)"
@@ -115,7 +115,7 @@ def _convert_script(script: Any, example_inputs: Any, input_shapes: Mapping[str,
     dynamo exporter; where either fails (control flow it cannot rewrite, or rewrites into
     ``torch.cond``, which the op registry does not take), the TorchScript ONNX exporter, which
     keeps ``prim::If`` / ``prim::Loop`` as ONNX ``If`` / ``Loop``. The route taken is logged
-    and recorded in ``graph.metadata["pytorch_route"]``."""
+    and recorded in ``model.metadata["source_route"]``."""
     from . import capture, ops, translate
 
     assigned = capture.assigned_attributes(script)

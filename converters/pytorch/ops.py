@@ -317,7 +317,7 @@ Generated from the registry in `converters/pytorch/ops.py` by
 | `torch.nn.Module` | `ei.convert(module, example_inputs=(x,), input_names=[...], dynamic_batch=True)` | captured with `torch.export.export` (non-strict), in eval mode |
 | `torch.export.ExportedProgram` | `ei.convert(exported_program)` | training-IR or core-ATen (decomposed) programs |
 | `.pt2` file | `torch.export.save(ep, "model.pt2")`, then `edgeinfer convert model.pt2 -o model.eim` | archives holding pickled objects or compiled (AOTInductor) code are refused |
-| TorchScript `.pt`/`.pth`/`.jit` | `torch.jit.save(torch.jit.script(m) or torch.jit.trace(m, x), "model.pt")` | needs `--input-shape name:1x3x224x224` (`input_shapes=`); converted with `TS2EPConverter`, or where that fails (`prim::If`/`prim::Loop` it cannot rewrite) with the TorchScript ONNX exporter, which keeps them as ONNX `If`/`Loop` (logged; `graph.metadata["pytorch_route"]`); a `forward` that assigns module attributes (state kept between calls) is refused |
+| TorchScript `.pt`/`.pth`/`.jit` | `torch.jit.save(torch.jit.script(m) or torch.jit.trace(m, x), "model.pt")` | needs `--input-shape name:1x3x224x224` (`input_shapes=`); converted with `TS2EPConverter`, or where that fails (`prim::If`/`prim::Loop` it cannot rewrite) with the TorchScript ONNX exporter, which keeps them as ONNX `If`/`Loop` (logged; `model.metadata["source_route"]`); a `forward` that assigns module attributes (state kept between calls) is refused |
 | plain pickle / state dict | refused, never unpickled | the message says how to save a TorchScript or ExportedProgram |
 
 `--dynamic-batch` (`dynamic_batch=True`) makes dim 0 of every input the symbol `N`.

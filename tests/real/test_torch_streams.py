@@ -9,7 +9,7 @@ import torch
 import edgeinfer as ei
 
 from .checks import compare
-from .models_torch import MODELS, VAD_CONTEXT, VAD_RATE, vad_chunks, vad_core, vad_feeds, vad_script
+from .models_torch import MODELS, VAD_RATE, VAD_SIZES, vad_chunks, vad_core, vad_feeds, vad_script
 
 VAD = next(m for m in MODELS if m.id == "silero-vad/vad_16k")
 
@@ -21,14 +21,15 @@ def test_vad_stream_matches_the_stateful_file() -> None:
         expected = [script(torch.from_numpy(chunk), VAD_RATE).numpy() for chunk in chunks]
     model = ei.convert(vad_core(), **VAD.convert_kwargs(vad_feeds()))
     state = np.zeros((2, 1, 128), np.float32)
-    context = np.zeros((1, VAD_CONTEXT), np.float32)
+    size = VAD_SIZES[VAD_RATE][1]
+    context = np.zeros((1, size), np.float32)
     got = []
     with ei.Session(model, backend="numpy", threads=2) as session:
         for chunk in chunks:
             x = np.concatenate([context, chunk], axis=1)
             outputs = session.run({"x": x, "state": state})
             got.append(outputs["speech_prob"])
-            state, context = outputs["state_out"], x[:, -VAD_CONTEXT:]
+            state, context = outputs["state_out"], x[:, -size:]
     probabilities = np.concatenate(expected).ravel()
     assert probabilities.max() > 0.5 > probabilities.min(), "the stream must hold speech and silence"
     compare([np.concatenate(got)], [np.concatenate(expected)], VAD, "numpy stream over 1.5 s")

@@ -64,7 +64,7 @@ def scripted():
 def test_script_with_control_flow_falls_back_and_keeps_if_and_loop(scripted, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="edgeinfer.converters.pytorch"):
         model = ei.convert(scripted, example_inputs=(_inputs()[0],))
-    assert model.graph.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
+    assert model.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
     assert any("TS2EPConverter" in r.getMessage() and frontend.ROUTE_SCRIPT_ONNX in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert {"If", "Loop"} <= _ops(model.graph)
@@ -79,8 +79,9 @@ def test_script_file_with_control_flow_and_input_shapes(scripted, tmp_path) -> N
     path = tmp_path / "gated.pt"
     torch.jit.save(scripted, str(path))
     model = ei.convert(path, input_shapes={"x": (2, 8)})
-    assert model.graph.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
+    assert model.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
     loaded = ei.load(_saved(model, tmp_path))
+    assert loaded.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
     for x in _inputs():
         assert_outputs_close(run_numpy(loaded, [x]), eager(scripted, [x]), ".eim on numpy")
 
@@ -95,7 +96,7 @@ def test_script_without_control_flow_takes_ts2ep() -> None:
     torch.manual_seed(0)
     scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval())
     model = ei.convert(scripted, example_inputs=(torch.randn(1, 4),))
-    assert model.graph.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_PROGRAM
+    assert model.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_PROGRAM
     assert model.inputs[0].shape == (1, 4) and model.outputs[0].shape == (1, 4)  # TS2EP's symbols re-exported
 
 
@@ -118,7 +119,7 @@ def test_shape_only_if_folds_and_output_shape_is_concrete() -> None:
     scripted = torch.jit.script(Squeezer())
     x = torch.randn(3, 1, 5, generator=torch.Generator().manual_seed(0))
     model = ei.convert(scripted, example_inputs=(x,))
-    assert model.graph.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
+    assert model.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
     assert _count(model.graph, "If") == 1, "the data-dependent If stays, the squeeze's shape test folds"
     assert model.outputs[0].shape == (3, 5)
     for feed in (x, -x.abs()):
