@@ -165,3 +165,12 @@ class Counter(nn.Module):
 def test_script_that_keeps_state_in_attributes_is_refused() -> None:
     with pytest.raises(ConversionError, match=r"assigns module attributes \['calls'\].*feed the state"):
         ei.convert(torch.jit.script(Counter()), example_inputs=(torch.randn(2, 3),))
+
+
+def test_fallback_with_dynamic_batch(scripted) -> None:
+    model = ei.convert(scripted, example_inputs=(_inputs()[0],), dynamic_batch=True)
+    assert model.metadata[frontend.ROUTE_KEY] == frontend.ROUTE_SCRIPT_ONNX
+    assert model.inputs[0].shape == ("N", 8)
+    for batch in (1, 5):
+        x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(batch)) * 10.0
+        assert_outputs_close(run_numpy(model, [x]), eager(scripted, [x]), f"numpy, batch {batch}")
