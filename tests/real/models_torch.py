@@ -195,7 +195,8 @@ def module_kwargs(input_names, output_names):
     return kwargs
 
 
-PRELU_TFLITE = {"tflite-export": "(PRelu): no TFLite export rule"}  # TFLite has PRELU: export work (report)
+# MaxPool(ceil_mode=True) where ceil changes the size: TFLite pools with floor (an explicit -inf PAD would do)
+CEIL_TFLITE = {"tflite-export": "ceil_mode changes the output size here; TFLite pools with floor"}
 
 MODELS: list[RealModel] = [
     RealModel(
@@ -220,41 +221,41 @@ MODELS: list[RealModel] = [
         id="facenet-pytorch/pnet", package="facenet-pytorch", format="module", task="face-detection",
         source=lambda: mtcnn("pnet"), feeds=lambda: [face_crop(SCENE, 120, 160)],
         convert_kwargs=module_kwargs(["image"], ["boxes", "scores"]),
-        refuses=PRELU_TFLITE,
         note="MTCNN proposal net, state dict into torch_modules.PNet",
     ),
     RealModel(
         id="facenet-pytorch/rnet", package="facenet-pytorch", format="module", task="face-detection",
         source=lambda: mtcnn("rnet"), feeds=lambda: [face_crop(FACE, 24, 24)],
         convert_kwargs=module_kwargs(["image"], ["boxes", "scores"]),
-        refuses=PRELU_TFLITE,
+        refuses=CEIL_TFLITE,
         note="MTCNN refinement net, state dict into torch_modules.RNet",
     ),
     RealModel(
         id="facenet-pytorch/onet", package="facenet-pytorch", format="module", task="landmarks",
         source=lambda: mtcnn("onet"), feeds=lambda: [face_crop(FACE, 48, 48)],
         convert_kwargs=module_kwargs(["image"], ["boxes", "landmarks", "scores"]),
-        refuses=PRELU_TFLITE,
+        refuses=CEIL_TFLITE,
         note="MTCNN output net (boxes, 5 landmarks, score), state dict into torch_modules.ONet",
     ),
     RealModel(
         id="facenet-pytorch/onet_scripted", package="facenet-pytorch", format="torchscript", task="landmarks",
         source=onet_torchscript, feeds=lambda: [face_crop(FACE, 48, 48)],
         convert_kwargs={"input_shapes": {"x": (1, 3, 48, 48)}},
-        refuses=PRELU_TFLITE,
+        refuses=CEIL_TFLITE,
         note="the trained ONet saved with torch.jit.save(torch.jit.script(...)); a TorchScript file records no "
              "shapes, hence input_shapes",
     ),
     RealModel(
         id="facenet-pytorch/rnet_traced", package="facenet-pytorch", format="torchscript", task="face-detection",
         source=rnet_traced, feeds=lambda: [face_crop(FACE, 24, 24)],
-        convert_kwargs={"input_shapes": {"x": (1, 3, 24, 24)}}, refuses=PRELU_TFLITE,
+        convert_kwargs={"input_shapes": {"x": (1, 3, 24, 24)}},
+        refuses=CEIL_TFLITE,
         note="the trained RNet as traced TorchScript in a .jit file (no control flow: TS2EPConverter route)",
     ),
     RealModel(
         id="facenet-pytorch/pnet_pt2", package="facenet-pytorch", format="exported_program",
         task="face-detection", source=pnet_program, feeds=lambda: [face_crop(SCENE, *PNET_PT2_SIZE)],
-        native=run_program, refuses=PRELU_TFLITE,
+        native=run_program,
         note="the trained PNet as a torch.export .pt2 (carries its shapes: no arguments)",
     ),
     RealModel(
