@@ -20,12 +20,14 @@ NAME="avx2 int8"
 source .ci/qemu.sh
 [ -x "$PYTHON" ] || fail "no host interpreter at $PYTHON (run make install first, or set PYTHON)"
 need_qemu qemu-x86_64-static
-probe=$(qemu-x86_64-static -cpu Haswell "$PYTHON" -c \
-    "from edgeinfer.backends.onnxruntime import int8; print(int8.probe_value(), int8.integer_path())" 2>/dev/null) \
-    || fail "the emulated interpreter could not run the onnxruntime probe"
-step "onnxruntime under -cpu Haswell: probe ${probe% *} (exact 129540), integer path: ${probe#* }"
-case "$probe" in 129540*) fail "the emulated CPU does not saturate, so this step would test nothing";; esac
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
 # QEMU warns once per CPUID feature it cannot emulate (harmless): those lines are dropped
-qemu-x86_64-static -cpu Haswell "$PYTHON" -m pytest -q -p no:cacheprovider "${TESTS[@]}" \
-    2> >(grep -v "TCG doesn't support requested feature" >&2) || fail "integer-kernel tests failed on the emulated AVX2 CPU"
+qemu-x86_64-static -cpu Haswell "$PYTHON" -m pytest -q -rs -p no:cacheprovider "${TESTS[@]}" \
+    2> >(grep -v "TCG doesn't support requested feature" >&2) | tee "$LOG" \
+    || fail "integer-kernel tests failed on the emulated AVX2 CPU"
+# test_int8.py skips its raw-onnxruntime comparisons where the probe saturates, saying so: on a
+# CPU that does not saturate this step would test nothing
+grep -q "saturate on this CPU (probe: " "$LOG" \
+    || fail "onnxruntime did not saturate on the emulated CPU (no probe skip in the output above)"
 step "done"

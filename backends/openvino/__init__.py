@@ -37,10 +37,20 @@ from edgeinfer.backends.openvino.backend import (
     OpenVinoBackend,
     OpenVinoExecutable,
 )
+from edgeinfer.ir import Graph
 
 
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OpenVinoBackend:
     return OpenVinoBackend(device=device, fallback=fallback, **engine_options)
+
+
+def describe_part(graph: Graph) -> str | None:
+    """What the plan says of a part placed here: whether its int8 products are exact on this
+    CPU (see ``int8.py``)."""
+    from edgeinfer.backends.openvino.int8 import graph_integer_path
+
+    path = graph_integer_path(graph)
+    return None if path is None else f"int8 {path} (CPU)"
 
 
 __all__ = [
@@ -51,4 +61,5 @@ __all__ = [
     "OpenVinoBackend",
     "OpenVinoExecutable",
     "create_backend",
+    "describe_part",
 ]
