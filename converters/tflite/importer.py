@@ -192,7 +192,9 @@ class SubgraphImporter:
             self.convert_operator(op)
 
     def convert_operator(self, op: OperatorDef) -> None:
-        entry = RULES.lookup(op.opcode)
+        # A custom op with a rule of its own (MediaPipe's) is looked up by its custom code.
+        entry = RULES.lookup(op.custom_code) if op.opcode == "CUSTOM" and op.custom_code else None
+        entry = entry or RULES.lookup(op.opcode)
         if entry is None:
             what = f"custom op {op.custom_code!r}" if op.opcode == "CUSTOM" else f"op {op.opcode}"
             raise UnsupportedOpError(f"{self.where}: {op.label}: TFLite {what} (version {op.version}) is "

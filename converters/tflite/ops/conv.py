@@ -10,6 +10,8 @@ static spatial dims the pads are written out explicitly.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from edgeinfer.converters.tflite import schema
@@ -78,24 +80,42 @@ def depthwise_conv_2d(ctx: OpContext) -> None:
 
 @rule("TRANSPOSE_CONV", options="TransposeConvOptions")
 def transpose_conv(ctx: OpContext) -> None:
-    # The padding is an attribute, fixed at conversion: where the file marks spatial dims
-    # dynamic, they are found by shape inference over the graph built so far.
-    x = ctx.x(2, perm=NHWC_TO_NCHW)
     out_shape = ctx.const(0)
     out_hw = tuple(int(d) for d in out_shape[1:3]) if out_shape is not None else ctx.out_shape()[1:3]
-    in_hw = ctx.shape(2)[1:3]
+    _transposed_conv(ctx, 2, 1, 3, out_hw, schema.PADDINGS[ctx.opt("padding")], _strides(ctx))
+
+
+# MediaPipe's custom op (its segmentation models); LiteRT runs it in the XNNPACK delegate.
+# Inputs: x (NHWC), weights OHWI, bias; options: TfLiteTransposeConvParams {padding (1 SAME,
+# 2 VALID), stride_width, stride_height} as raw little-endian int32s.
+@rule("Convolution2DTransposeBias")
+def convolution_2d_transpose_bias(ctx: OpContext) -> None:
+    data = ctx.op.custom_options or b""
+    if len(data) < 12:
+        raise UnsupportedOpError(f"{ctx.where}: expected 12 bytes of TfLiteTransposeConvParams, found {len(data)}")
+    padding, stride_w, stride_h = struct.unpack_from("<iii", data)
+    if padding not in (1, 2) or min(stride_w, stride_h) < 1:
+        raise UnsupportedOpError(f"{ctx.where}: padding code {padding} (expected 1 SAME or 2 VALID) or strides "
+                                 f"{(stride_h, stride_w)} out of range")
+    _transposed_conv(ctx, 0, 1, 2, ctx.out_shape()[1:3], "SAME" if padding == 1 else "VALID", (stride_h, stride_w))
+
+
+def _transposed_conv(ctx: OpContext, x_k: int, w_k: int, bias_k: int, out_hw: tuple, padding: str,
+                     strides: tuple[int, int]) -> None:
+    # The padding is an attribute, fixed at conversion: where the file marks spatial dims
+    # dynamic, they are found by shape inference over the graph built so far.
+    x = ctx.x(x_k, perm=NHWC_TO_NCHW)
+    in_hw = ctx.shape(x_k)[1:3]
     if None in in_hw + out_hw:
         inferred = ctx.imp.inferred_shape(x)
         in_hw = tuple(inferred[2:4]) if inferred is not None and len(inferred) == 4 else in_hw
-        out_hw = tuple(d * s for d, s in zip(in_hw, _strides(ctx), strict=True)) \
-            if schema.PADDINGS[ctx.opt("padding")] == "SAME" and None in out_hw else out_hw
-    _, kh, kw, _ = ctx.tensor(1).shape
+        out_hw = tuple(d * s for d, s in zip(in_hw, strides, strict=True)) \
+            if padding == "SAME" and None in out_hw else out_hw
+    _, kh, kw, _ = ctx.tensor(w_k).shape
     if not all(isinstance(d, int) and d > 0 for d in in_hw + out_hw):
         raise UnsupportedOpError(f"{ctx.where}: input and output spatial sizes must be known at "
                                  f"conversion, found {in_hw} -> {out_hw}")
-    strides = _strides(ctx)
     pads, extra = [], []
-    padding = schema.PADDINGS[ctx.opt("padding")]
     for size, want, k, s in zip(in_hw, out_hw, (kh, kw), strides, strict=True):
         full = (size - 1) * s + k
         total = max(full - want, 0) if padding == "SAME" else 0
@@ -105,7 +125,7 @@ def transpose_conv(ctx: OpContext) -> None:
     if min(extra) < 0:
         raise UnsupportedOpError(f"{ctx.where}: output size {out_hw} is smaller than the "
                                  f"{padding} transposed convolution produces")
-    inputs = [x, ctx.x(1, perm=(3, 0, 1, 2))] + ([ctx.x(3)] if ctx.has(3) else [])
+    inputs = [x, ctx.x(w_k, perm=(3, 0, 1, 2))] + ([ctx.x(bias_k)] if ctx.has(bias_k) else [])
     y = ctx.emit1("ConvTranspose", inputs, kernel_shape=(kh, kw), strides=strides,
                   pads=(pads[0][0], pads[1][0], pads[0][1], pads[1][1]), output_padding=tuple(extra))
     y = ctx.activation(y)
