@@ -2,7 +2,9 @@
 
 ``supports`` is the exporter's own per-node check (an op without an export rule, or with
 attributes TFLite cannot express, stays on another backend). ``compile`` writes the
-flatbuffer in memory and builds the interpreter (XNNPACK by default, or a delegate library);
+flatbuffer in memory and builds the interpreter (XNNPACK by default, or a delegate library)
+and, for static input shapes, invokes it once on zeros so that what XNNPACK refuses at its
+first invocation fails here, where the scheduler can still place the part elsewhere;
 ``run`` resizes the inputs when a dynamic dim changes, invokes, and returns copies of the
 outputs.
 """
@@ -137,6 +139,7 @@ class TFLiteBackend(Backend):
             interpreter.allocate_tensors()
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
+        _probe(interpreter, graph)
         facts = {"runtime": module.__name__, "op_resolver": resolver, "delegate": engine.get("delegate"),
                  "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer)}
         return TFLiteExecutable(graph, interpreter, flatbuffer, facts)
@@ -149,6 +152,25 @@ class TFLiteBackend(Backend):
         except (ValueError, OSError, RuntimeError) as exc:
             raise BackendError(f"tflite backend: delegate library {path!r} cannot be loaded: "
                                f"{_first_line(exc)}") from exc
+
+
+def _probe(interpreter: Any, graph: Graph) -> None:
+    """One invocation on zeros at compile time, where the input shapes are static: XNNPACK
+    plans (and may refuse, "failed to reshape") at the first invoke, so a part that compiles
+    here does not fail on its first request (the scheduler moves a part that fails to compile
+    to another backend; one that fails later is an error)."""
+    details = interpreter.get_input_details()
+    if any(int(d) < 0 for detail in details for d in detail.get("shape_signature", detail["shape"])):
+        return  # dynamic dims: planned per shape at run time
+    if any(np.dtype(detail["dtype"]).kind not in "biuf" for detail in details):
+        return  # string inputs: zeros are no valid request
+    try:
+        for detail in details:
+            interpreter.set_tensor(detail["index"], np.zeros(detail["shape"], detail["dtype"]))
+        interpreter.invoke()
+    except (RuntimeError, ValueError) as exc:
+        raise BackendError(f"the TFLite interpreter could not run graph {graph.name!r} (probed with zeros "
+                           f"when compiled): {_first_line(exc)}") from exc
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:

@@ -143,3 +143,25 @@ def test_run_errors_are_backend_errors(cnn):
     executable = get_backend("tflite").compile(model.graph, CompileOptions())
     with pytest.raises(BackendError, match="failed to run"):
         executable.run({"input": np.zeros((1, 3, 5), np.float32)})
+
+
+class _RefusingInterpreter:
+    """Fails at its first invocation, as XNNPACK does when it cannot plan a graph ("XNNPack
+    delegate failed to reshape"), though it allocated its tensors."""
+
+    def get_input_details(self):
+        return [{"index": 0, "shape": np.array([1, 3]), "shape_signature": np.array([1, 3]), "dtype": np.float32}]
+
+    def set_tensor(self, index, value):
+        assert value.shape == (1, 3)
+
+    def invoke(self):
+        raise RuntimeError("XNNPack delegate failed to reshape runtime\nNode number 3 failed")
+
+
+def test_compile_probes_the_interpreter_so_a_part_fails_where_it_can_move():
+    from edgeinfer.backends.tflite.backend import _probe
+
+    graph = ei.convert(parse_model(EDGE_PAD), optimize=0).graph
+    with pytest.raises(BackendError, match=r"probed with zeros when compiled\): XNNPack delegate failed to reshape"):
+        _probe(_RefusingInterpreter(), graph)
