@@ -15,7 +15,8 @@ import click
 import numpy as np
 
 from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
-from edgeinfer.cli.support import handle_errors, one_line, parse_backend, session_options
+from edgeinfer.cli.shapes import ALLOW_UNIT_DIMS, Binding, bind, format_shapes, parse_shapes
+from edgeinfer.cli.support import flush_notes, handle_errors, note, one_line, parse_backend, session_options
 from edgeinfer.errors import InputError
 
 WEIGHTS_HELP = "Weights file of a Caffe MODEL (.caffemodel), converted first."
@@ -30,25 +31,6 @@ def _load_model(model_path: Path, weights: Path | None):
     if not weights.is_file():
         raise InputError(f"--weights {weights}: no such file")
     return convert(model_path, weights=weights)
-
-
-def _parse_shape_option(values: tuple[str, ...]) -> dict[str, tuple[int | str, ...]]:
-    """``name:1x3x224x224`` -> {name: (1, 3, 224, 224)}; a dim may be a symbol such as N."""
-    shapes: dict[str, tuple[int | str, ...]] = {}
-    for text in values:
-        name, sep, dims = text.rpartition(":")
-        if not sep or not name or not dims:
-            raise InputError(f"--input-shape {text!r}: expected NAME:D1xD2x..., e.g. input:1x3x224x224")
-        parsed: list[int | str] = []
-        for dim in dims.lower().split("x") if dims != "scalar" else []:
-            if dim.isdigit():
-                parsed.append(int(dim))
-            elif dim.isidentifier():
-                parsed.append(dim.upper() if len(dim) == 1 else dim)
-            else:
-                raise InputError(f"--input-shape {text!r}: dim {dim!r} is neither a number nor a symbol")
-        shapes[name] = tuple(parsed)
-    return shapes
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,13 +61,16 @@ def main() -> None:
 @click.option("--backend", default="numpy", show_default=True, help="For --verify: the backend edgeinfer runs on.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="For --verify: a real input from a .npy file (repeatable; inputs not given are random).")
+@click.option("--shape", "shape_specs", multiple=True, metavar="NAME:1x3x640x640",
+              help="For --verify: the shape of an input's random data, binding its symbolic dims (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @click.option("--strict", is_flag=True, help="Refuse weights that hold NaN or infinities (default: a warning).")
 @quantize_options
 @handle_errors
 def convert(source: Path, output: Path, weights: Path | None, input_shapes: tuple[str, ...],
             dynamic_batch: bool, optimize: int, report: bool, verify: bool, tolerance: float | None,
-            repro_dir: Path | None, backend: str, inputs: tuple[str, ...], quiet: bool, strict: bool,
+            repro_dir: Path | None, backend: str, inputs: tuple[str, ...], shape_specs: tuple[str, ...],
+            quiet: bool, strict: bool,
             quantization: dict | None) -> None:
     """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file.
 
@@ -98,13 +83,13 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     if weights is not None:
         options["weights"] = weights
     if input_shapes:
-        options["input_shapes"] = _parse_shape_option(input_shapes)
+        options["input_shapes"] = parse_shapes(input_shapes, option="--input-shape")
     if dynamic_batch:
         options["dynamic_batch"] = True
     if output.suffix.lower() != ".eim":
         raise InputError(f"-o {output}: expected a path ending in .eim")
-    if not verify and (repro_dir is not None or tolerance is not None or inputs):
-        raise InputError("--repro-dir, --tolerance and --input go with --verify")
+    if not verify and (repro_dir is not None or tolerance is not None or inputs or shape_specs):
+        raise InputError("--repro-dir, --tolerance, --input and --shape go with --verify")
     started = time.perf_counter()
     passes: list = []
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
@@ -115,9 +100,9 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     if report:
         _print_pass_report(passes)
     if verify:
-        _verify(source, model, options, backend=parse_backend(backend), quantized=quantization is not None,
-                tolerance=tolerance, repro_dir=repro_dir, quiet=quiet,
-                feeds=_load_feeds(model, inputs, True, 1) if inputs else None)
+        feeds = _load_feeds(model, inputs, True, 1, shape_specs)
+        _verify(source, model, options, feeds, backend=parse_backend(backend), quantized=quantization is not None,
+                tolerance=tolerance, repro_dir=repro_dir, quiet=quiet, given=bool(inputs))
     with progress_bar(f"writing {output.name}", None, enabled=shows_progress(quiet)):
         model.save(output)
     summary = model.summary()
@@ -125,8 +110,8 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
                f"{summary['parameters']:,} parameters, converted in {seconds:.2f} s")
 
 
-def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized: bool, tolerance: float | None,
-            repro_dir: Path | None, quiet: bool, feeds: dict[str, np.ndarray] | None = None) -> None:
+def _verify(source: Path, model, options: dict[str, Any], feeds: dict, *, backend, quantized: bool,
+            tolerance: float | None, repro_dir: Path | None, quiet: bool, given: bool = False) -> None:
     """Print the error of every output against the source framework; a mismatch is an error."""
     from edgeinfer.cli.parity import ABSOLUTE_FLOOR, DEFAULT_TOLERANCE, verify
     from edgeinfer.cli.progress import progress_bar, shows_progress
@@ -136,16 +121,18 @@ def _verify(source: Path, model, options: dict[str, Any], *, backend, quantized:
         tolerance = 5e-2 if quantized else DEFAULT_TOLERANCE
     extra = {"weights": options["weights"]} if "weights" in options else {}
     with progress_bar(f"verifying {source.name}", 3, enabled=shows_progress(quiet)) as progress:
-        result = verify(source, model, backend=backend, tolerance=tolerance, repro_dir=repro_dir,
-                        progress=progress, feeds=feeds, **extra)
-    click.echo(f"verify: {result.engine} vs edgeinfer ({result.backend}) on {'given' if feeds else 'random'} "
-               f"inputs, tolerance {tolerance:g} relative to the reference's largest magnitude "
+        result = verify(source, model, backend=backend, tolerance=tolerance, feeds=feeds, repro_dir=repro_dir,
+                        progress=progress, **extra)
+    flush_notes()
+    shown = format_shapes({k: v.shape for k, v in feeds.items()})
+    click.echo(f"verify: {result.engine} vs edgeinfer ({result.backend}) on {'given' if given else 'random'} "
+               f"inputs {shown}, tolerance {tolerance:g} relative to the reference's largest magnitude "
                f"(plus {ABSOLUTE_FLOOR:g} absolute)")
     for error in result.outputs:
         click.echo(f"  output {error.name}: max abs error {error.max_abs:.3g}, relative {error.max_rel:.3g}  "
                    f"{'ok' if error.ok else 'MISMATCH'}")
-    for note in result.notes:
-        click.echo(f"  {note}")
+    for remark in result.notes:
+        click.echo(f"  {remark}")
     found = result.divergence
     if found is not None:
         click.echo(f"  first diverging node: {found.node} (output {found.output!r}: max abs error "
@@ -169,7 +156,11 @@ def _print_pass_report(passes: list) -> None:
         click.echo(f"pass {entry.name:28s} nodes {entry.nodes_before:5d} -> {entry.nodes_after:5d}  {fired}")
 
 
-def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) -> dict[str, np.ndarray]:
+def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, shape_specs: tuple[str, ...] = (),
+                *, timed: str | None = None, allow_unit_dims: bool = False) -> dict[str, np.ndarray]:
+    """Feeds from ``-i NAME=FILE`` and, with ``random_inputs``, random data for the rest, shaped by
+    ``--shape`` and the files' shapes (``edgeinfer.cli.shapes``); a symbol bound by default is said
+    on stderr, and refused at 1 past the first dim where ``timed`` names the command."""
     names = [t.name for t in model.inputs]
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -186,14 +177,36 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
         except (ValueError, OSError, EOFError) as exc:
             raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
                              f"({one_line(exc)})") from exc
-    missing = [info.name for info in model.inputs if info.name not in feeds]
+    missing = [info for info in model.inputs if info.name not in feeds]
     if random_inputs and missing:
-        try:
-            generated = model.random_feeds(batch=batch)
-        except InputError as exc:
-            raise InputError(f"--random-inputs: {exc}; pass it with --input") from exc
-        feeds.update({name: generated[name] for name in missing})
+        binding = _bind(model, shape_specs, batch, known={k: v.shape for k, v in feeds.items()})
+        if timed and not allow_unit_dims:
+            binding.refuse_unit_dims(timed)
+        generated = model.random_feeds(batch=batch, shapes=binding.shapes)
+        feeds.update({info.name: generated[info.name] for info in missing})
+    elif shape_specs:
+        raise InputError("--shape shapes random inputs: every input is given with --input")
     return feeds
+
+
+def _bind(model, shape_specs: tuple[str, ...], batch: int, known=None) -> Binding:
+    """The binding of the model's symbolic dims; the default line goes to stderr."""
+    binding = bind(model.inputs, parse_shapes(shape_specs, input_names=[t.name for t in model.inputs],
+                                              symbols=False), batch=batch, known=known)
+    line = binding.default_line()
+    if line:
+        note(line, explains_errors=bool(binding.unit_spatial))
+    return binding
+
+
+def shape_options(fn):
+    """``--shape`` and ``--allow-unit-dims``, for commands that make inputs."""
+    fn = click.option(ALLOW_UNIT_DIMS, "allow_unit_dims", is_flag=True,
+                      help="Time a symbolic dim past the first (height, width, length) at 1 when nothing binds it "
+                           "(refused by default).")(fn)
+    return click.option("--shape", "shape_specs", multiple=True, metavar="NAME:1x3x640x640",
+                        help="Shape of an input's random data, binding its symbolic dims (repeatable; "
+                             "a bare 1x3x640x640 for a model with one input).")(fn)
 
 
 @main.command()
@@ -202,7 +215,8 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
               help="An input tensor from a .npy file (repeatable).")
 @click.option("--random-inputs", is_flag=True, help="Feed random data to inputs not given with --input.")
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
-              help="Size of symbolic dims for --random-inputs.")
+              help="Size of a symbolic leading (batch) dim for --random-inputs.")
+@shape_options
 @session_options
 @click.option("--repeat", type=click.IntRange(1), default=10, show_default=True,
               help="Timed runs after one warm-up run.")
@@ -212,7 +226,8 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int) 
               help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
-def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, backend: str,
+def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, shape_specs: tuple[str, ...],
+        allow_unit_dims: bool, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
         profile: bool, json_path: Path | None, weights: Path | None) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing.
@@ -222,10 +237,11 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
     import edgeinfer as ei
 
     model = _load_model(model_path, weights)
-    feeds = _load_feeds(model, inputs, random_inputs, batch)
+    feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims)
     session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
                          executor=executor, debug=profile or None)
     outputs = session.run(feeds)  # warm-up, also validates the feeds
+    flush_notes()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -318,10 +334,13 @@ def _preview(array: np.ndarray) -> str:
               help="Write a self-contained HTML view of the graph here (no network needed to open it).")
 @click.option("--json", "json_path", type=click.Path(path_type=Path),
               help="Write the summary as JSON here ('-': to stdout, nothing else printed).")
+@click.option("--shape", "shape_specs", multiple=True, metavar="NAME:1x3x640x640",
+              help="Count FLOPs at this input shape, binding its symbolic dims (repeatable).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
 def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, device: str, executor: str,
-            dot_path: Path | None, html_path: Path | None, json_path: Path | None, weights: Path | None) -> None:
+            dot_path: Path | None, html_path: Path | None, json_path: Path | None, shape_specs: tuple[str, ...],
+            weights: Path | None) -> None:
     """Summarize MODEL (.eim or any convertible file): inputs, outputs, ops, parameters, FLOPs,
     weight bytes, quantization; draw its graph.
 
@@ -337,6 +356,7 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
             raise InputError(f"--{suffix[1:]} {path}: expected a path ending in {suffix}")
     model = _load_model(model_path, weights)
     summary = model.summary()
+    summary["flops"], flops_at = _flops(model, shape_specs, summary["flops"])
     quantized = graphview.quantization(model.graph)
     lines = [f"model   {model_path}"]
     lines += [f"meta    {key} = {value}" for key, value in model.metadata.items()]
@@ -344,13 +364,13 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
     lines += [f"nodes   {summary['nodes']}",
               f"params  {summary['parameters']:,} ({summary['weight_bytes']:,} bytes: "
               + ", ".join(f"{k} {v:,}" for k, v in summary["weight_dtypes"].items()) + ")",
-              f"flops   {summary['flops']:,.0f} (batch 1)",
+              f"flops   {summary['flops']:,.0f} ({_si(summary['flops'])}) {flops_at}",
               f"quant   {quantized}",
               "ops     " + ", ".join(f"{op} x{count}" for op, count in summary["ops"].items())]
     if json_path is not None:
         tensors = {kind: [{"name": t.name, "dtype": t.dtype, "shape": None if t.shape is None else list(t.shape)}
                           for t in infos] for kind, infos in (("inputs", model.inputs), ("outputs", model.outputs))}
-        document = {**summary, **tensors, "quantized": quantized, "metadata": model.metadata}
+        document = {**summary, **tensors, "flops_at": flops_at, "quantized": quantized, "metadata": model.metadata}
         text = json.dumps(document, indent=1, default=str)
         if str(json_path) == "-":
             click.echo(text)
@@ -374,6 +394,35 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
         click.echo(f"wrote {html_path}")
     if json_path is not None:
         click.echo(f"wrote {json_path}")
+
+
+def _flops(model, shape_specs: tuple[str, ...], declared: float) -> tuple[float, str]:
+    """The FLOPs at ``--shape`` (types inferred again from those input shapes), or at the declared
+    shapes, and a phrase saying which binding of the symbolic dims was used."""
+    from edgeinfer.cli.shapes import free_symbols
+
+    symbols = free_symbols(model.inputs)
+    if not shape_specs:
+        if not symbols:
+            return declared, "at the declared shapes"
+        return declared, (f"with symbolic dims {', '.join(symbols)} counted as 1 "
+                          "(--shape NAME:D1xD2x... counts them at a real size)")
+    from edgeinfer.api import redeclare_inputs
+    from edgeinfer.ir.cost import graph_summary
+    from edgeinfer.ir.infer import infer_types
+
+    binding = bind(model.inputs, parse_shapes(shape_specs, input_names=[t.name for t in model.inputs],
+                                              symbols=False))
+    graph = infer_types(redeclare_inputs(model.graph, binding.shapes, False))
+    defaults = f"; {', '.join(f'{k}={v}' for k, v in binding.defaults.items())} by default" if binding.defaults else ""
+    return graph_summary(graph)["flops"], f"at {binding.describe()}{defaults}"
+
+
+def _si(count: float) -> str:
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count:.0f}"
 
 
 def _print_plan(model, backend: str | list[str], device: str, executor: str) -> None:
@@ -424,7 +473,9 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
                    "ray: --stream also on Ray actors, beside the local pipeline.")
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="Feed from a .npy file (default: random feeds of the declared shapes).")
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Size of symbolic dims.")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
+              help="Size of a symbolic leading (batch) dim.")
+@shape_options
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per backend.")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--peers", is_flag=True,
@@ -445,7 +496,7 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
-          inputs: tuple[str, ...], batch: int, runs: int, warmup: int, peers: bool, top: int,
+          inputs: tuple[str, ...], batch: int, shape_specs: tuple[str, ...], allow_unit_dims: bool, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
           memory: str, weights: Path | None, quiet: bool) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
@@ -474,7 +525,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     to_stdout = json_path is not None and str(json_path) == "-"
     quiet = quiet or to_stdout
     model = _load_model(model_path, weights)
-    feeds = _load_feeds(model, inputs, True, batch)
+    feeds = _load_feeds(model, inputs, True, batch, shape_specs, timed="bench", allow_unit_dims=allow_unit_dims)
     options = {"device": device, "fallback": fallback,
                "executor": executor if executor in ("dag", "auto") else "sequential"}
     peer_names = list(PEERS) if peers else []
@@ -496,11 +547,13 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     document = measure.as_json(reports, streams, skipped_peers=skipped, settings={
         "model": str(model_path), "backends": backends, "threads": threads, "device": device, "batch": batch,
         "runs": runs, "warmup": warmup, "executor": executor, "memory": memory, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
+    flush_notes()
     if to_stdout:
         click.echo(json.dumps(document, indent=1))
         return
     out = tables.console()
-    out.print(f"{model_path.name}: batch {batch}, threads {threads or 'default'}, {runs} interleaved runs "
+    shown = format_shapes({k: v.shape for k, v in feeds.items()})
+    out.print(f"{model_path.name}: {shown}, threads {threads or 'default'}, {runs} interleaved runs "
               f"after {warmup} warm-up", highlight=False)
     out.print(tables.latency_table(reports))
     for heading, table, footnote in tables.profile_tables(reports, top):

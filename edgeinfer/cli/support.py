@@ -19,6 +19,19 @@ from edgeinfer.errors import EdgeInferError
 
 EXIT_USER_ERROR = 2
 EXIT_BUG = 1
+_NOTES: list[tuple[str, bool]] = []
+
+
+def note(text: str, *, explains_errors: bool = False) -> None:
+    """Queue a line for stderr (a default the command chose, say). It is printed by
+    ``flush_notes`` once the command is under way; if the command fails first, a note that
+    ``explains_errors`` is joined to the error line and any other dropped, so an error stays one line."""
+    _NOTES.append((text, explains_errors))
+
+
+def flush_notes() -> None:
+    while _NOTES:
+        click.echo(_NOTES.pop(0)[0], err=True)
 
 
 def debug_enabled() -> bool:
@@ -31,10 +44,16 @@ def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         warnings.showwarning = _one_line_warning
+        _NOTES.clear()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            flush_notes()
+            return result
         except EdgeInferError as exc:
-            click.echo(f"error: {one_line(exc)}", err=True)
+            explaining = [text for text, explains in _NOTES if explains]
+            context = f" ({'; '.join(explaining)})" if explaining else ""
+            _NOTES.clear()
+            click.echo(f"error: {one_line(exc)}{context}", err=True)
             sys.exit(EXIT_USER_ERROR)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
