@@ -9,21 +9,31 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 
 from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
 from edgeinfer.cli.shapes import ALLOW_UNIT_DIMS, Binding, bind, format_shapes, parse_shapes
 from edgeinfer.cli.support import flush_notes, handle_errors, note, one_line, parse_backend, session_options
 from edgeinfer.errors import InputError
 
+if TYPE_CHECKING:
+    import numpy as np
+
 WEIGHTS_HELP = "Weights file of a Caffe MODEL (.caffemodel), converted first."
+
+
+def _require_model(path: Path) -> None:
+    """A missing model file is said before the converters (and onnx) are imported."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file (expected a model: .eim, .onnx, .pt2, .tflite, .keras, "
+                         ".prototxt or a SavedModel folder)")
 
 
 def _load_model(model_path: Path, weights: Path | None):
     """An .eim file is loaded; any other model file is converted (a Caffe one with ``--weights``)."""
+    _require_model(model_path)
     from edgeinfer.api import convert, load_any
 
     if weights is None:
@@ -90,6 +100,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
         raise InputError(f"-o {output}: expected a path ending in .eim")
     if not verify and (repro_dir is not None or tolerance is not None or inputs or shape_specs):
         raise InputError("--repro-dir, --tolerance, --input and --shape go with --verify")
+    _require_model(source)
     started = time.perf_counter()
     passes: list = []
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
@@ -161,6 +172,8 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, 
     """Feeds from ``-i NAME=FILE`` and, with ``random_inputs``, random data for the rest, shaped by
     ``--shape`` and the files' shapes (``edgeinfer.cli.shapes``); a symbol bound by default is said
     on stderr, and refused at 1 past the first dim where ``timed`` names the command."""
+    import numpy as np
+
     names = [t.name for t in model.inputs]
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -234,9 +247,11 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
 
     Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
     """
+    model = _load_model(model_path, weights)
+    import numpy as np
+
     import edgeinfer as ei
 
-    model = _load_model(model_path, weights)
     feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims)
     session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
                          executor=executor, debug=profile or None)
@@ -309,6 +324,8 @@ def _print_profile(stats: dict, top: int = 15) -> None:
 
 
 def _preview(array: np.ndarray) -> str:
+    import numpy as np
+
     flat = array.reshape(-1)
     if array.dtype.kind in "fc" and flat.size:
         top = f" argmax={int(flat.argmax())}" if array.ndim <= 2 else ""
@@ -348,13 +365,13 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
     """
     import json
 
-    from edgeinfer.cli import graphview
-    from edgeinfer.format.atomic import atomic_write_bytes
-
     for path, suffix in ((dot_path, ".dot"), (html_path, ".html")):
         if path is not None and path.suffix.lower() not in (suffix, ".gv" if suffix == ".dot" else ".htm"):
             raise InputError(f"--{suffix[1:]} {path}: expected a path ending in {suffix}")
     model = _load_model(model_path, weights)
+    from edgeinfer.cli import graphview
+    from edgeinfer.format.atomic import atomic_write_bytes
+
     summary = model.summary()
     summary["flops"], flops_at = _flops(model, shape_specs, summary["flops"])
     quantized = graphview.quantization(model.graph)
@@ -509,12 +526,6 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     """
     import json
 
-    from edgeinfer.cli import bench as measure
-    from edgeinfer.cli import tables
-    from edgeinfer.cli.peers import PEERS
-    from edgeinfer.cli.progress import progress_bar, shows_progress
-    from edgeinfer.format.atomic import atomic_write_bytes
-
     contenders = [parse_backend(text) for text in backends.split(",") if text.strip()]
     if not contenders:
         raise InputError(f"--backend {backends!r}: expected at least one backend")
@@ -525,6 +536,12 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     to_stdout = json_path is not None and str(json_path) == "-"
     quiet = quiet or to_stdout
     model = _load_model(model_path, weights)
+    from edgeinfer.cli import bench as measure
+    from edgeinfer.cli import tables
+    from edgeinfer.cli.peers import PEERS
+    from edgeinfer.cli.progress import progress_bar, shows_progress
+    from edgeinfer.format.atomic import atomic_write_bytes
+
     feeds = _load_feeds(model, inputs, True, batch, shape_specs, timed="bench", allow_unit_dims=allow_unit_dims)
     options = {"device": device, "fallback": fallback,
                "executor": executor if executor in ("dag", "auto") else "sequential"}

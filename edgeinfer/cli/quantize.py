@@ -15,10 +15,8 @@ from typing import Any
 
 import click
 
-from edgeinfer.cli.support import handle_errors
+from edgeinfer.cli.support import LazyChoice, LibraryDefault, handle_errors
 from edgeinfer.errors import InputError
-from edgeinfer.quantize.methods import CALIBRATION_METHODS
-from edgeinfer.quantize.static import DEFAULT_METHOD
 
 _CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
                      "std", "size", "exclude")
@@ -42,6 +40,18 @@ def _size(text: str | None) -> tuple[int, int] | None:
     return (int(parts[0]), int(parts[-1]))
 
 
+def _calibration_methods() -> list[str]:
+    from edgeinfer.quantize.methods import CALIBRATION_METHODS
+
+    return sorted(CALIBRATION_METHODS)
+
+
+def _default_method() -> str:
+    from edgeinfer.quantize.static import DEFAULT_METHOD
+
+    return DEFAULT_METHOD
+
+
 def _calibration_options(fn):
     options = [
         click.option("--calib", type=click.Path(path_type=Path),
@@ -49,8 +59,8 @@ def _calibration_options(fn):
         click.option("--calib-random", type=click.IntRange(0), default=0, metavar="N",
                      help="Calibrate on N random samples instead (testing only: ranges will not fit real data)."),
         click.option("--calib-limit", type=click.IntRange(1), help="Use at most this many calibration samples."),
-        click.option("--method", type=click.Choice(sorted(CALIBRATION_METHODS)), default=DEFAULT_METHOD,
-                     show_default=True, help="How calibration turns histograms into ranges."),
+        click.option("--method", type=LazyChoice(_calibration_methods), cls=LibraryDefault,
+                     library_default=_default_method, help="How calibration turns histograms into ranges."),
         click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
                      help="Activation type: uint8 asymmetric or int8 symmetric."),
         click.option("--per-tensor", is_flag=True, help="One weight scale per tensor instead of per channel."),
@@ -75,6 +85,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
                          "(or --calib-random N to test with random data)")
     if calib is not None and calib_random:
         raise InputError("give either --calib or --calib-random, not both")
+    method = method if method is not None else _default_method()
     return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,

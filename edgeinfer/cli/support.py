@@ -80,6 +80,37 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 2000 else text[:2000] + "..."
 
 
+class LazyChoice(click.Choice):
+    """A ``click.Choice`` whose names come from a registry imported only when they are needed
+    (``--help`` of that command, or a value to check), not when the command line starts."""
+
+    def __init__(self, load) -> None:
+        self._load = load
+        super().__init__(())
+
+    @property
+    def choices(self):
+        return tuple(self._load())
+
+    @choices.setter
+    def choices(self, _value) -> None:  # click.Choice.__init__ assigns it; the names stay lazy
+        pass
+
+
+class LibraryDefault(click.Option):
+    """An option that is None unless given (the library then applies its default), with that
+    default shown in ``--help`` (``library_default`` is called only then)."""
+
+    def __init__(self, *args: Any, library_default, **kwargs: Any) -> None:
+        self._library_default = library_default
+        super().__init__(*args, **kwargs)
+
+    def get_help_extra(self, ctx: click.Context):
+        extra = super().get_help_extra(ctx)
+        extra["default"] = str(self._library_default())
+        return extra
+
+
 def parse_backend(text: str) -> str | list[str]:
     """``--backend``: a name, ``auto``, or a priority list joined by ``+`` (``openvino+onnxruntime``)."""
     names = [name.strip() for name in text.split("+")]
