@@ -35,7 +35,9 @@ def _load_model(model_path: Path, weights: Path | None):
     """An .eim file is loaded; any other model file is converted (a Caffe one with ``--weights``)."""
     _require_model(model_path)
     from edgeinfer.api import convert, load_any
+    from edgeinfer.engine_logs import quiet_onnxruntime
 
+    quiet_onnxruntime()
     if weights is None:
         return load_any(model_path)
     if not weights.is_file():
@@ -45,9 +47,18 @@ def _load_model(model_path: Path, weights: Path | None):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgeinfer")
-def main() -> None:
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show the engines' own log lines (onnxruntime, LiteRT, TensorFlow, Ray); also EDGEINFER_DEBUG=1.")
+def main(verbose: bool) -> None:
     """edgeinfer: convert models from any framework into one compact .eim file, optimize
     them, and run them on the best backend."""
+    import os
+
+    from edgeinfer.engine_logs import quiet_engine_environment
+
+    if verbose:
+        os.environ["EDGEINFER_VERBOSE"] = "1"
+    quiet_engine_environment()
 
 
 @main.command()
@@ -101,6 +112,9 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     if not verify and (repro_dir is not None or tolerance is not None or inputs or shape_specs):
         raise InputError("--repro-dir, --tolerance, --input and --shape go with --verify")
     _require_model(source)
+    from edgeinfer.engine_logs import quiet_onnxruntime
+
+    quiet_onnxruntime()
     started = time.perf_counter()
     passes: list = []
     with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
@@ -255,7 +269,7 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
     feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims)
     session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
                          executor=executor, debug=profile or None)
-    outputs = session.run(feeds)  # warm-up, also validates the feeds
+    outputs = _run_naming_warnings(session, feeds)  # warm-up, also validates the feeds
     flush_notes()
     times = []
     for _ in range(repeat):
@@ -283,6 +297,47 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
             click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
     if json_path is not None:
         _write_run_json(json_path, outputs, times_ms, session.backend_name, threads)
+
+
+def _run_naming_warnings(session, feeds: dict) -> dict:
+    """One run. numpy's floating-point warnings ("invalid value encountered in divide") name no
+    node: when one comes, the run is repeated once with those conditions raised, and the numpy
+    backend's error names the node, which the warning then says."""
+    import re
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outputs = session.run(feeds)
+    numeric = []
+    for caught_warning in caught:
+        text = str(caught_warning.message)
+        if issubclass(caught_warning.category, RuntimeWarning) and " encountered in " in text:
+            numeric.append(text) if text not in numeric else None
+        else:
+            warnings.warn_explicit(caught_warning.message, caught_warning.category, caught_warning.filename,
+                                   caught_warning.lineno)
+    if numeric:
+        where = _node_raising_numeric_error(session, feeds)
+        for text in numeric:
+            warnings.warn(f"{where}: {text} (the outputs may hold NaN or inf)", RuntimeWarning, stacklevel=2)
+            warnings.filterwarnings("ignore", message=re.escape(text), category=RuntimeWarning)  # said once
+    return outputs
+
+
+def _node_raising_numeric_error(session, feeds: dict) -> str:
+    import re
+
+    import numpy as np
+
+    with np.errstate(divide="raise", over="raise", invalid="raise", under="ignore"):
+        try:
+            session.run(feeds)
+        except Exception as exc:  # the numpy backend names the failing node
+            found = re.search(r"node '[^']*' \([^)]*\)", str(exc))
+            if found:
+                return found.group(0)
+    return f"a node on {session.backend_name} (its engine does not say which)"
 
 
 def _write_run_json(path: Path, outputs: dict[str, np.ndarray], times_ms: np.ndarray, backend: str,

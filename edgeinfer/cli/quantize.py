@@ -147,6 +147,9 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
         raise InputError(f"--report {report}: expected a path ending in .png")
     if max_accuracy_drop is not None and evaluation is None:
         raise InputError("--max-accuracy-drop needs a labelled evaluation set: --eval FILE.npz")
+    from edgeinfer.engine_logs import quiet_onnxruntime
+
+    quiet_onnxruntime()
     model = load_any(model_path)
     extra: dict[str, Any] = {}
     if max_accuracy_drop is not None:

@@ -43,10 +43,11 @@ def handle_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        warnings.showwarning = _one_line_warning
         _NOTES.clear()
         try:
-            result = fn(*args, **kwargs)
+            with warnings.catch_warnings():  # filters a command sets end with it
+                warnings.showwarning = _one_line_warning
+                result = fn(*args, **kwargs)
             flush_notes()
             return result
         except EdgeInferError as exc:
