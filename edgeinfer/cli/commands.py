@@ -468,6 +468,18 @@ def inspect(model_path: Path, show_graph: bool, show_plan: bool, backend: str, d
         click.echo(f"wrote {json_path}")
 
 
+def _check_backend_names(contenders: list) -> None:
+    """A misspelt backend is an error at once; one that fails to run is a row of the table."""
+    from edgeinfer.backend import available_backends
+    from edgeinfer.errors import BackendError
+
+    known = available_backends()
+    for contender in contenders:
+        for name in [contender] if isinstance(contender, str) else contender:
+            if name != "auto" and name not in known:
+                raise BackendError(f"unknown backend {name!r}: expected one of {', '.join(known)} or auto")
+
+
 def _flops(model, shape_specs: tuple[str, ...], declared: float) -> tuple[float, str]:
     """The FLOPs at ``--shape`` (types inferred again from those input shapes), or at the declared
     shapes, and a phrase saying which binding of the symbolic dims was used."""
@@ -584,6 +596,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     contenders = [parse_backend(text) for text in backends.split(",") if text.strip()]
     if not contenders:
         raise InputError(f"--backend {backends!r}: expected at least one backend")
+    _check_backend_names(contenders)
     if stages != "auto" and not (stages.isdigit() and int(stages) > 0):
         raise InputError(f"--stages {stages!r}: expected a positive number or auto")
     if plot_path is not None and plot_path.suffix.lower() != ".png":
@@ -602,21 +615,23 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
                "executor": executor if executor in ("dag", "auto") else "sequential"}
     peer_names = list(PEERS) if peers else []
     skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
     total = measure.steps(contenders, peer_names, runs, top > 0, memory) + (2 if stream_requests else 0)
     with progress_bar(f"bench {model_path.name}", total, enabled=shows_progress(quiet)) as progress:
         reports = measure.latency(model, contenders, feeds, threads=threads, runs=runs, warmup=warmup,
                                   peers=peer_names, source=model_path, profile=top > 0, progress=progress,
-                                  skipped=skipped, memory=memory, **options)
+                                  skipped=skipped, failed=failed, memory=memory, **options)
         streams = []
         if stream_requests:
             choice = int(stages) if stages.isdigit() else "auto"
+            streamed_backend = next(c for c in contenders if measure.backend_label(c) not in failed)
             for where in ("local", "ray") if executor == "ray" else ("local",):
                 progress.describe(f"stream on {where} ({stream_requests} requests)")
-                streams.append(measure.stream(model, contenders[0], feeds, threads=threads,
+                streams.append(measure.stream(model, streamed_backend, feeds, threads=threads,
                                               requests=stream_requests, stages=choice, executor=where,
                                               device=device, fallback=fallback))
                 progress.advance()
-    document = measure.as_json(reports, streams, skipped_peers=skipped, settings={
+    document = measure.as_json(reports, streams, skipped_peers=skipped, failed=failed, settings={
         "model": str(model_path), "backends": backends, "threads": threads, "device": device, "batch": batch,
         "runs": runs, "warmup": warmup, "executor": executor, "memory": memory, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
     flush_notes()
@@ -627,7 +642,9 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     shown = format_shapes({k: v.shape for k, v in feeds.items()})
     out.print(f"{model_path.name}: {shown}, threads {threads or 'default'}, {runs} interleaved runs "
               f"after {warmup} warm-up", highlight=False)
-    out.print(tables.latency_table(reports))
+    out.print(tables.latency_table(reports, failed, width=out.width))
+    for line in tables.failure_lines(failed):
+        out.print(line, highlight=False, soft_wrap=True)
     for heading, table, footnote in tables.profile_tables(reports, top):
         out.print(heading, highlight=False)
         out.print(table)
