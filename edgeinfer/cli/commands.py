@@ -15,7 +15,17 @@ import click
 
 from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
 from edgeinfer.cli.shapes import ALLOW_UNIT_DIMS, Binding, bind, format_shapes, parse_shapes
-from edgeinfer.cli.support import flush_notes, handle_errors, note, one_line, parse_backend, session_options
+from edgeinfer.cli.support import (
+    auto_progress,
+    choice_lines,
+    flush_notes,
+    handle_errors,
+    note,
+    one_line,
+    parse_backend,
+    placement_line,
+    session_options,
+)
 from edgeinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -267,8 +277,16 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
     import edgeinfer as ei
 
     feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims)
-    session = ei.Session(model, backend=parse_backend(backend), threads=threads, device=device, fallback=fallback,
-                         executor=executor, debug=profile or None)
+    asked = parse_backend(backend)
+    with auto_progress(asked == "auto" or executor == "auto"):
+        session = ei.Session(model, backend=asked, threads=threads, device=device, fallback=fallback,
+                             executor=executor, debug=profile or None)
+    to_stdout = json_path is not None and str(json_path) == "-"
+    for line in choice_lines(session):
+        click.echo(line, err=True)
+    placement = placement_line(session, asked)
+    if placement:
+        click.echo(placement, err=to_stdout)
     outputs = _run_naming_warnings(session, feeds)  # warm-up, also validates the feeds
     flush_notes()
     times = []
@@ -277,7 +295,6 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
         outputs = session.run(feeds)
         times.append(time.perf_counter() - start)
     times_ms = np.array(times) * 1000
-    to_stdout = json_path is not None and str(json_path) == "-"
     if not to_stdout:
         for name, array in outputs.items():
             click.echo(f"output {name}: {array.dtype}{list(array.shape)} {_preview(array)}")

@@ -7,7 +7,9 @@ traceback only with ``EDGEINFER_DEBUG=1``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import sys
 import warnings
@@ -110,6 +112,68 @@ class LibraryDefault(click.Option):
         extra = super().get_help_extra(ctx)
         extra["default"] = str(self._library_default())
         return extra
+
+
+@contextlib.contextmanager
+def auto_progress(enabled: bool):
+    """While ``backend``/``executor="auto"`` measures, its progress (the INFO lines of
+    ``edgeinfer.scheduler.auto.progress``: one per candidate) goes to stderr as ``auto: ...`` lines."""
+    if not enabled:
+        yield
+        return
+    logger = logging.getLogger("edgeinfer.scheduler.auto.progress")
+
+    class ToStderr(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            click.echo(f"auto: {record.getMessage()}", err=True)
+
+    handler, level = ToStderr(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def choice_lines(session) -> list[str]:
+    """What ``auto`` chose and by how much, for a Session built with backend or executor auto."""
+    lines = []
+    choice = session.auto_choice
+    if choice is not None:
+        winner = ",".join(choice.backends)
+        if choice.cached:
+            lines.append(f"auto: chose {winner} (measured earlier on this machine; cached)")
+        else:
+            lines.append(f"auto: chose {winner}{_margin(winner, choice.median_ms)}")
+        lines += [f"auto: skipped {label}: {why}" for label, why in choice.skipped.items()]
+    if session.executor_ms:
+        lines.append(f"auto: executor {session.executor}{_margin(session.executor, session.executor_ms)}")
+    return lines
+
+
+def _margin(winner: str, medians: dict[str, float]) -> str:
+    if winner not in medians:
+        return ""
+    others = sorted((ms, label) for label, ms in medians.items() if label != winner)
+    if not others:
+        return f", {medians[winner]:.3g} ms median (the only candidate timed)"
+    runner_up_ms, runner_up = others[0]
+    return (f", {medians[winner]:.3g} ms median: {runner_up_ms / medians[winner]:.2f}x faster than "
+            f"{runner_up} ({runner_up_ms:.3g} ms)")
+
+
+def placement_line(session, asked: str | list[str]) -> str | None:
+    """``placement: tflite 0 nodes, numpy 41`` when the nodes did not all go where they were asked
+    (a backend that could not run some, numpy taking them), or when auto chose; else None."""
+    counts = session.plan.node_counts()
+    names = [asked] if isinstance(asked, str) else list(asked)
+    if asked != "auto" and set(counts) <= set(names):
+        return None
+    shown = [name for name in names if name != "auto"] + [name for name in counts if name not in names]
+    return "placement: " + ", ".join(f"{name} {counts.get(name, 0)} node{'s' * (counts.get(name, 0) != 1)}"
+                                     for name in shown)
 
 
 def parse_backend(text: str) -> str | list[str]:
