@@ -191,12 +191,61 @@ def _print_pass_report(passes: list) -> None:
         click.echo(f"pass {entry.name:28s} nodes {entry.nodes_before:5d} -> {entry.nodes_after:5d}  {fired}")
 
 
+def _image_feed(model, name: str, path: Path, shape_specs: tuple[str, ...], image: dict) -> np.ndarray:
+    """An image file as the input ``name``: resized to its --shape or declared spatial size (else
+    kept at its own), RGB in [0, 1], then (x - mean) / std, in the input's layout."""
+    from edgeinfer.cli.quantize import _floats
+    from edgeinfer.quantize.data import _guess_layout, image_array
+
+    value = next(v for v in model.graph.inputs if v.name == name) if name in model.graph.input_names else None
+    if value is None:
+        raise InputError(f"--input {name}={path}: the model has no input {name!r} (inputs {model.graph.input_names})")
+    layout = image.get("layout") or _guess_layout(value.shape)
+    given = parse_shapes(shape_specs, input_names=model.graph.input_names, symbols=False).get(name)
+    declared = given or value.shape or ()
+    spatial = tuple(declared[2:] if layout == "NCHW" else declared[1:3])
+    size = spatial if len(spatial) == 2 and all(isinstance(d, int) for d in spatial) else None
+    if size is None:
+        import cv2
+
+        pixels = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        if pixels is None:
+            raise InputError(f"--input {name}={path}: OpenCV cannot decode it")
+        size = pixels.shape[:2]
+    mean = _floats(image.get("mean"), "mean") or (0.0,)
+    std = _floats(image.get("std"), "std") or (1.0,)
+    return image_array(path, value, size=size, mean=mean, std=std, layout=layout)
+
+
+def image_options(fn):
+    """--mean/--std/--layout for ``-i NAME=photo.jpg``, passed on as one keyword ``image``."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs["image"] = {key: kwargs.pop(key) for key in ("mean", "std", "layout")}
+        return fn(*args, **kwargs)
+
+    for option in reversed([
+        click.option("--mean", help="For an image given with -i: per-channel mean on [0,1] RGB, e.g. 0.485,0.456,0.406."),
+        click.option("--std", help="For an image given with -i: per-channel std, e.g. 0.229,0.224,0.225."),
+        click.option("--layout", type=click.Choice(["NCHW", "NHWC"]),
+                     help="For an image given with -i: the input's layout (default: guessed from where it has 3 channels)."),
+    ]):
+        wrapper = option(wrapper)
+    return wrapper
+
+
 def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, shape_specs: tuple[str, ...] = (),
-                *, timed: str | None = None, allow_unit_dims: bool = False) -> dict[str, np.ndarray]:
-    """Feeds from ``-i NAME=FILE`` and, with ``random_inputs``, random data for the rest, shaped by
+                *, timed: str | None = None, allow_unit_dims: bool = False,
+                image: dict | None = None) -> dict[str, np.ndarray]:
+    """Feeds from ``-i NAME=FILE`` (.npy, or an image with ``image``'s mean, std and layout) and,
+    with ``random_inputs``, random data for the rest, shaped by
     ``--shape`` and the files' shapes (``edgeinfer.cli.shapes``); a symbol bound by default is said
     on stderr, and refused at 1 past the first dim where ``timed`` names the command."""
     import numpy as np
+
+    from edgeinfer.quantize.data import IMAGE_SUFFIXES
 
     names = [t.name for t in model.inputs]
     feeds: dict[str, np.ndarray] = {}
@@ -209,11 +258,14 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, 
         path = Path(file)
         if not path.is_file():
             raise InputError(f"--input {spec!r}: no such file {path}")
+        if path.suffix.lower() in IMAGE_SUFFIXES:
+            feeds[name] = _image_feed(model, name, path, shape_specs, image or {})
+            continue
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles "
-                             f"({one_line(exc)})") from exc
+            raise InputError(f"--input {spec!r}: {path} is not a readable .npy file without pickles, nor an image "
+                             f"({', '.join(IMAGE_SUFFIXES)}) ({one_line(exc)})") from exc
     missing = [info for info in model.inputs if info.name not in feeds]
     if random_inputs and missing:
         binding = _bind(model, shape_specs, batch, known={k: v.shape for k, v in feeds.items()})
@@ -221,8 +273,9 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, 
             binding.refuse_unit_dims(timed)
         generated = model.random_feeds(batch=batch, shapes=binding.shapes)
         feeds.update({info.name: generated[info.name] for info in missing})
-    elif shape_specs:
-        raise InputError("--shape shapes random inputs: every input is given with --input")
+    elif shape_specs and not any(Path(spec.partition("=")[2] or spec).suffix.lower() in IMAGE_SUFFIXES
+                                 for spec in specs):
+        raise InputError("--shape shapes random inputs and images: every input is given with --input as .npy")
     return feeds
 
 
@@ -248,8 +301,9 @@ def shape_options(fn):
 
 @main.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
-@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
-              help="An input tensor from a .npy file (repeatable).")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE",
+              help="An input tensor from a .npy file or an image (.jpg, .png, ...; see --mean) (repeatable).")
+@image_options
 @click.option("--random-inputs", is_flag=True, help="Feed random data to inputs not given with --input.")
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
               help="Size of a symbolic leading (batch) dim for --random-inputs.")
@@ -263,7 +317,7 @@ def shape_options(fn):
               help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
-def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: int, shape_specs: tuple[str, ...],
+def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: bool, batch: int, shape_specs: tuple[str, ...],
         allow_unit_dims: bool, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
         profile: bool, json_path: Path | None, weights: Path | None) -> None:
@@ -276,7 +330,8 @@ def run(model_path: Path, inputs: tuple[str, ...], random_inputs: bool, batch: i
 
     import edgeinfer as ei
 
-    feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims)
+    feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims,
+                        image=image)
     asked = parse_backend(backend)
     with auto_progress(asked == "auto" or executor == "auto"):
         session = ei.Session(model, backend=asked, threads=threads, device=device, fallback=fallback,
@@ -572,8 +627,9 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
               help="local: sequential sessions, --stream on local threads; dag: branches at once; "
                    "auto: sequential or dag, whichever measures faster; "
                    "ray: --stream also on Ray actors, beside the local pipeline.")
-@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
-              help="Feed from a .npy file (default: random feeds of the declared shapes).")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE",
+              help="Feed from a .npy file or an image (see --mean) (default: random feeds of the declared shapes).")
+@image_options
 @click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
               help="Size of a symbolic leading (batch) dim.")
 @shape_options
@@ -597,7 +653,7 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
-          inputs: tuple[str, ...], batch: int, shape_specs: tuple[str, ...], allow_unit_dims: bool, runs: int, warmup: int, peers: bool, top: int,
+          inputs: tuple[str, ...], image: dict, batch: int, shape_specs: tuple[str, ...], allow_unit_dims: bool, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
           memory: str, weights: Path | None, quiet: bool) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
@@ -627,7 +683,8 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     from edgeinfer.cli.progress import progress_bar, shows_progress
     from edgeinfer.format.atomic import atomic_write_bytes
 
-    feeds = _load_feeds(model, inputs, True, batch, shape_specs, timed="bench", allow_unit_dims=allow_unit_dims)
+    feeds = _load_feeds(model, inputs, True, batch, shape_specs, timed="bench", allow_unit_dims=allow_unit_dims,
+                        image=image)
     options = {"device": device, "fallback": fallback,
                "executor": executor if executor in ("dag", "auto") else "sequential"}
     peer_names = list(PEERS) if peers else []
