@@ -220,6 +220,25 @@ def open_source(source: Any, graph: Graph, *, size: Sequence[int] | None = None,
     return iterate_feeds(source, graph)
 
 
+def sample_count(source: Any, random_samples: int = 0) -> int | None:
+    """How many samples ``open_source`` yields, where known without reading them: the random
+    count, one for a file, the files of a folder (an .npz holding a batch may yield more), the
+    length of a sized Python source; else None."""
+    if source is None:
+        return random_samples or None
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_file():
+            return 1
+        if path.is_dir():
+            arrays = [p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz")]
+            return len(arrays) or sum(1 for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        return None
+    if isinstance(source, (np.ndarray, Mapping)):
+        return 1
+    return len(source) if hasattr(source, "__len__") else None
+
+
 def _folder(path: str | os.PathLike, what: str) -> Path:
     folder = Path(path)
     if not folder.is_dir():
