@@ -71,3 +71,12 @@ def quiet_onnxruntime() -> None:
     import onnxruntime
 
     onnxruntime.set_default_logger_severity(3)
+
+
+def quiet_teardown_errors() -> None:
+    """Unless verbose, drop the "Exception ignored in ... __del__" tracebacks that engines leave
+    when an object they failed to build is collected (LiteRT's ``Delegate`` after a delegate
+    library fails to load): the failure itself was already said in one line."""
+    if verbose():
+        return
+    sys.unraisablehook = lambda unraisable: None

@@ -158,7 +158,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             progress.describe(f"compiling {label}")
 
             def make(backend=backend) -> tuple[Any, Callable[[], Any]]:
-                session = Session(model, backend=backend, threads=threads, **session_options)
+                session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
                 return session, lambda: session.run(feeds)
 
             try:
@@ -225,6 +225,17 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             contender.close()
 
 
+def _options_for(backend: str | list[str], session_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``session_options`` with ``backend_options`` kept to the engines this contender uses (a
+    tflite delegate goes to the tflite contenders and auto, not to numpy)."""
+    options = dict(session_options)
+    if options.get("backend_options"):
+        names = {backend} if isinstance(backend, str) else set(backend)
+        kept = {k: v for k, v in options["backend_options"].items() if k in names or "auto" in names}
+        options["backend_options"] = kept or None
+    return options
+
+
 def _prepare(label: str, make: Callable[[], tuple[Any, Callable[[], Any]]], warmup: int) -> _Contender:
     """Compile, first run and warm-up runs of one contender, alone, with its peak memory."""
     with PeakRSS() as memory:
@@ -285,7 +296,7 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
         from edgeinfer.session import Session
 
         def make() -> tuple[Any, Callable[[], Any]]:
-            session = Session(model, backend=backend, threads=threads, **session_options)
+            session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
             return session, lambda: session.run(feeds)
 
     contender = _prepare("child", make, warmup)

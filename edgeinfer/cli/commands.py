@@ -64,11 +64,12 @@ def main(verbose: bool) -> None:
     them, and run them on the best backend."""
     import os
 
-    from edgeinfer.engine_logs import quiet_engine_environment
+    from edgeinfer.engine_logs import quiet_engine_environment, quiet_teardown_errors
 
     if verbose:
         os.environ["EDGEINFER_VERBOSE"] = "1"
     quiet_engine_environment()
+    quiet_teardown_errors()
 
 
 @main.command()
@@ -289,6 +290,49 @@ def _bind(model, shape_specs: tuple[str, ...], batch: int, known=None) -> Bindin
     return binding
 
 
+def delegate_options(fn):
+    """``--delegate PATH`` (and ``--delegate-option KEY=VALUE``) for the tflite backend, passed on as
+    one keyword ``backend_options`` ({"tflite": {...}}, or None)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        delegate, pairs = kwargs.pop("delegate"), kwargs.pop("delegate_option")
+        if delegate is None and pairs:
+            raise InputError("--delegate-option goes with --delegate PATH")
+        kwargs["backend_options"] = None
+        if delegate is not None:
+            if not delegate.is_file():
+                raise InputError(f"--delegate {delegate}: no such file (expected a TFLite delegate library, "
+                                 "e.g. libedgetpu.so.1 or libtensorflowlite_gpu_delegate.so)")
+            settings: dict[str, Any] = {"delegate": str(delegate)}
+            if pairs:
+                settings["delegate_options"] = dict(_key_value(pair) for pair in pairs)
+            kwargs["backend_options"] = {"tflite": settings}
+        return fn(*args, **kwargs)
+
+    wrapper = click.option("--delegate-option", multiple=True, metavar="KEY=VALUE",
+                           help="An option for the --delegate library (repeatable).")(wrapper)
+    return click.option("--delegate", type=click.Path(path_type=Path), metavar="PATH",
+                        help="A TFLite delegate library for the tflite backend (an NPU, GPU or Edge TPU), "
+                             "e.g. --device npu --backend tflite --delegate libedgetpu.so.1.")(wrapper)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InputError(f"--delegate-option {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _check_delegate_backends(backend_options: dict | None, contenders: list) -> None:
+    if backend_options is None:
+        return
+    names = {name for c in contenders for name in ([c] if isinstance(c, str) else c)}
+    if not names & {"tflite", "auto"}:
+        raise InputError(f"--delegate is for the tflite backend; the backends asked for are {sorted(names)}")
+
+
 def shape_options(fn):
     """``--shape`` and ``--allow-unit-dims``, for commands that make inputs."""
     fn = click.option(ALLOW_UNIT_DIMS, "allow_unit_dims", is_flag=True,
@@ -317,10 +361,11 @@ def shape_options(fn):
               help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
+@delegate_options  # inside handle_errors: its checks are one-line errors
 def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: bool, batch: int, shape_specs: tuple[str, ...],
         allow_unit_dims: bool, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
-        profile: bool, json_path: Path | None, weights: Path | None) -> None:
+        profile: bool, json_path: Path | None, weights: Path | None, backend_options: dict | None) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing.
 
     Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
@@ -333,9 +378,10 @@ def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: b
     feeds = _load_feeds(model, inputs, random_inputs, batch, shape_specs, timed="run", allow_unit_dims=allow_unit_dims,
                         image=image)
     asked = parse_backend(backend)
+    _check_delegate_backends(backend_options, [asked])
     with auto_progress(asked == "auto" or executor == "auto"):
         session = ei.Session(model, backend=asked, threads=threads, device=device, fallback=fallback,
-                             executor=executor, debug=profile or None)
+                             executor=executor, debug=profile or None, backend_options=backend_options)
     to_stdout = json_path is not None and str(json_path) == "-"
     for line in choice_lines(session):
         click.echo(line, err=True)
@@ -652,10 +698,11 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
 @handle_errors
+@delegate_options  # inside handle_errors: its checks are one-line errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
           inputs: tuple[str, ...], image: dict, batch: int, shape_specs: tuple[str, ...], allow_unit_dims: bool, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
-          memory: str, weights: Path | None, quiet: bool) -> None:
+          memory: str, weights: Path | None, quiet: bool, backend_options: dict | None) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
 
     Per backend: compile time, first run, latency min/median/p90/p99/max over interleaved rounds,
@@ -670,6 +717,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     if not contenders:
         raise InputError(f"--backend {backends!r}: expected at least one backend")
     _check_backend_names(contenders)
+    _check_delegate_backends(backend_options, contenders)
     if stages != "auto" and not (stages.isdigit() and int(stages) > 0):
         raise InputError(f"--stages {stages!r}: expected a positive number or auto")
     if plot_path is not None and plot_path.suffix.lower() != ".png":
@@ -687,6 +735,8 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
                         image=image)
     options = {"device": device, "fallback": fallback,
                "executor": executor if executor in ("dag", "auto") else "sequential"}
+    if backend_options is not None:
+        options["backend_options"] = backend_options
     peer_names = list(PEERS) if peers else []
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
