@@ -766,7 +766,10 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     shown = format_shapes({k: v.shape for k, v in feeds.items()})
     out.print(f"{model_path.name}: {shown}, threads {threads or 'default'}, {runs} interleaved runs "
               f"after {warmup} warm-up", highlight=False)
-    out.print(tables.latency_table(reports, failed, width=out.width))
+    latency_table = tables.latency_table(reports, failed, width=out.width)
+    out.print(latency_table)
+    for line in tables.integer_lines(reports, latency_table):
+        out.print(line, highlight=False, soft_wrap=True)
     for line in tables.failure_lines(failed):
         out.print(line, highlight=False, soft_wrap=True)
     for heading, table, footnote in tables.profile_tables(reports, top):
