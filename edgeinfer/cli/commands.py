@@ -799,3 +799,33 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 
 
 main.add_command(quantize_command)
+
+
+@main.command()
+@click.option("--json", "json_path", type=click.Path(path_type=Path),
+              help="Write the facts as JSON here ('-': to stdout, nothing else printed).")
+@handle_errors
+def devices(json_path: Path | None) -> None:
+    """Show this machine's CPU and the ISA features that matter (AVX2, AVX-512, VNNI, AMX, BF16, FP16;
+    NEON, dotprod on ARM), the engines installed with their providers or devices, and the INT8 path
+    each engine takes here.
+
+    Example: edgeinfer devices
+    """
+    import json
+
+    from edgeinfer.cli.devices import lines, machine_facts
+    from edgeinfer.engine_logs import quiet_onnxruntime
+    from edgeinfer.format.atomic import atomic_write_bytes
+
+    quiet_onnxruntime()
+    facts = machine_facts()
+    if json_path is not None:
+        text = json.dumps(facts.as_json(), indent=1)
+        if str(json_path) == "-":
+            click.echo(text)
+            return
+        atomic_write_bytes(json_path, text.encode())
+    click.echo("\n".join(lines(facts)))
+    if json_path is not None:
+        click.echo(f"wrote {json_path}")
