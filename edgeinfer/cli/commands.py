@@ -269,9 +269,8 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, 
                              f"({', '.join(IMAGE_SUFFIXES)}) ({one_line(exc)})") from exc
     missing = [info for info in model.inputs if info.name not in feeds]
     if random_inputs and missing:
-        binding = _bind(model, shape_specs, batch, known={k: v.shape for k, v in feeds.items()})
-        if timed and not allow_unit_dims:
-            binding.refuse_unit_dims(timed)
+        binding = _bind(model, shape_specs, batch, known={k: v.shape for k, v in feeds.items()},
+                        refuse=timed if not allow_unit_dims else None)
         generated = model.random_feeds(batch=batch, shapes=binding.shapes)
         feeds.update({info.name: generated[info.name] for info in missing})
     elif shape_specs and not any(Path(spec.partition("=")[2] or spec).suffix.lower() in IMAGE_SUFFIXES
@@ -280,10 +279,13 @@ def _load_feeds(model, specs: tuple[str, ...], random_inputs: bool, batch: int, 
     return feeds
 
 
-def _bind(model, shape_specs: tuple[str, ...], batch: int, known=None) -> Binding:
-    """The binding of the model's symbolic dims; the default line goes to stderr."""
+def _bind(model, shape_specs: tuple[str, ...], batch: int, known=None, refuse: str | None = None) -> Binding:
+    """The binding of the model's symbolic dims (refused for the command ``refuse`` names when it
+    leaves a dim past the first at 1); the default line goes to stderr."""
     binding = bind(model.inputs, parse_shapes(shape_specs, input_names=[t.name for t in model.inputs],
                                               symbols=False), batch=batch, known=known)
+    if refuse:
+        binding.refuse_unit_dims(refuse)
     line = binding.default_line()
     if line:
         note(line, explains_errors=bool(binding.unit_spatial))
