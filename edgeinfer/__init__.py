@@ -9,7 +9,11 @@ best backend for each part.
     ei.export(model, "model.tflite")   # or "model.onnx"
 """
 
-from edgeinfer.api import convert, export, load
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
 from edgeinfer.errors import (
     BackendError,
     ConversionError,
@@ -20,10 +24,43 @@ from edgeinfer.errors import (
     PassError,
     UnsupportedOpError,
 )
-from edgeinfer.ir import Graph, Node, Value
-from edgeinfer.model import Model, TensorInfo
-from edgeinfer.quantize import quantize
-from edgeinfer.session import Session
+
+if TYPE_CHECKING:
+    from edgeinfer.api import convert, export, load
+    from edgeinfer.ir import Graph, Node, Value
+    from edgeinfer.model import Model, TensorInfo
+    from edgeinfer.quantize import quantize
+    from edgeinfer.session import Session
+
+# Imported on first use (PEP 562), so that `import edgeinfer.cli` and `edgeinfer --help` load
+# neither onnx (whose ml_dtypes import alone takes about a second) nor an engine.
+_LAZY = {"convert": "edgeinfer.api", "export": "edgeinfer.api", "load": "edgeinfer.api",
+         "quantize": "edgeinfer.quantize", "Session": "edgeinfer.session", "Model": "edgeinfer.model",
+         "TensorInfo": "edgeinfer.model", "Graph": "edgeinfer.ir", "Node": "edgeinfer.ir", "Value": "edgeinfer.ir"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edgeinfer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """``edgeinfer.quantize`` is the function, as when it was imported eagerly: importing the
+    subpackage ``edgeinfer.quantize`` (which the import system then sets as this attribute) must
+    not replace it; the subpackage stays in ``sys.modules``."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
 
 __version__ = "0.1.0"
 

@@ -20,12 +20,14 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import BackendError
-from edgeinfer.ir import Graph, Node
+
+if TYPE_CHECKING:  # annotations only: the CLI lists backends without importing the IR (onnx)
+    import numpy as np
+
+    from edgeinfer.ir import Graph, Node
 
 
 @dataclass

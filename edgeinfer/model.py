@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,19 +38,25 @@ class Model:
     def outputs(self) -> list[TensorInfo]:
         return [TensorInfo(v.name, v.dtype, v.shape) for v in self.graph.outputs]
 
-    def random_feeds(self, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-        """Random feeds of the declared shapes (symbolic dims bound to ``batch``): standard
-        normal floats, 0/1 booleans, integers in [0, 10). For timing and planning."""
+    def random_feeds(self, *, batch: int = 1, seed: int = 0,
+                     shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+        """Random feeds of the declared shapes (symbolic dims bound to ``batch``), or of the
+        concrete ``shapes`` given for some inputs ({name: shape}): standard normal floats, 0/1
+        booleans, integers in [0, 10). For timing and planning."""
         from edgeinfer.errors import InputError
         from edgeinfer.ir import dtypes
 
         rng = np.random.default_rng(seed)
         feeds: dict[str, np.ndarray] = {}
         for info in self.inputs:
-            if info.shape is None or any(d is None for d in info.shape) or not dtypes.is_tensor_type(info.dtype):
+            given = (shapes or {}).get(info.name)
+            if given is not None and dtypes.is_tensor_type(info.dtype):
+                shape = tuple(given)
+            elif info.shape is None or any(d is None for d in info.shape) or not dtypes.is_tensor_type(info.dtype):
                 raise InputError(f"input {info.name!r} has unknown dims or a non-tensor type "
                                  f"({info.dtype} {info.shape}): give real feeds")
-            shape = tuple(batch if isinstance(d, str) else d for d in info.shape)
+            else:
+                shape = tuple(batch if isinstance(d, str) else d for d in info.shape)
             dtype = dtypes.numpy_dtype(info.dtype)
             if dtype.kind in "fc":
                 feeds[info.name] = rng.standard_normal(shape).astype(dtype)

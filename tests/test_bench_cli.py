@@ -234,3 +234,58 @@ def test_isolated_memory_failure_is_a_backend_error(mlp_model):
     model = ei.convert(mlp_model)
     with pytest.raises(BackendError, match="memory of nosuchengine in a fresh process failed"):
         bench.isolated_peak_rss(model, model.random_feeds(), backend="nosuchengine", peer=None, threads=1, warmup=0)
+
+
+def test_a_failing_backend_gets_a_row_saying_why_and_the_others_are_timed(tmp_path, onnx_file, monkeypatch):
+    from edgeinfer.backend import get_backend
+
+    def refuse(self, graph, options):
+        raise BackendError("onnxruntime could not compile graph 'g': simulated engine failure")
+
+    monkeypatch.setattr(type(get_backend("onnxruntime")), "compile", refuse)
+    out = tmp_path / "r.json"
+    result = invoke("bench", onnx_file, "--backend", "numpy,onnxruntime", "--runs", 4, "--warmup", 0,
+                    "--top", 0, "--json", out)
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if line.startswith("│")}
+    assert "failed" in rows["onnxruntime"] and "best" in rows["numpy"]
+    assert "onnxruntime failed: onnxruntime could not compile graph 'g': simulated engine failure" in result.output
+    document = json.loads(out.read_text())
+    assert [r["backend"] for r in document["latency"]] == ["numpy"]
+    assert document["failed"] == {"onnxruntime": "onnxruntime could not compile graph 'g': simulated engine failure"}
+    # every contender failing is an error, one line
+    result = invoke("bench", onnx_file, "--backend", "onnxruntime", "--runs", 2, "--top", 0)
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        "error: every contender failed: onnxruntime: onnxruntime could not compile graph 'g': simulated engine failure"]
+
+
+def test_a_misspelt_backend_is_an_error_before_anything_runs(onnx_file):
+    result = invoke("bench", onnx_file, "--backend", "numpy,onnxrutime", "--runs", 2)
+    assert result.exit_code == 2
+    from edgeinfer.backend import available_backends
+
+    assert result.output.strip().splitlines() == [
+        f"error: unknown backend 'onnxrutime': expected one of {', '.join(available_backends())} or auto"]
+
+
+def test_the_compact_table_fits_80_columns_and_the_full_one_has_every_column(onnx_file):
+    from rich.console import Console
+
+    from edgeinfer.cli import tables
+
+    model = ei.convert(onnx_file)
+    reports = bench.latency(model, ["numpy", "onnxruntime", ["openvino", "onnxruntime"]],
+                            model.random_feeds(), threads=1, runs=2, warmup=0, peers=["onnxruntime"],
+                            source=onnx_file, profile=False)
+    failed = {"tflite": "a reason"}
+    for width, headings in ((80, tables.COMPACT), (160, tuple(tables.COLUMNS))):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(tables.latency_table(reports, failed, width=console.width))
+        text = console.export_text()
+        assert max(len(line) for line in text.splitlines()) <= width
+        assert "…" not in text
+        rows = [cells[0] for cells in (line.replace("│", " ").split() for line in text.splitlines()) if cells]
+        assert {"numpy", "onnxruntime", "openvino+onnxruntime", "raw", "tflite"} <= set(rows), text
+        for heading in headings:
+            assert heading in text
+        assert ("first ms" in text) == (width == 160)

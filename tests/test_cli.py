@@ -170,3 +170,18 @@ def test_convert_strict_refuses_non_finite_weights_and_warns_without(tmp_path):
     assert not (tmp_path / "a.eim").exists()
     warned = CliRunner().invoke(main, ["convert", str(path), "-o", str(tmp_path / "b.eim"), "-q"])
     assert warned.exit_code == 0 and "warning: " in warned.output and (tmp_path / "b.eim").is_file()
+
+
+HEAVY = ("onnx", "onnxruntime", "torch", "tensorflow", "openvino", "ml_dtypes", "ai_edge_litert", "ray")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["bench", "--help"],
+                                  ["inspect", "/nonexistent/model.onnx"], ["run", "/nonexistent/model.onnx"],
+                                  ["convert", "/nonexistent/model.onnx", "-o", "/nonexistent/x.eim"]])
+def test_help_and_early_errors_import_no_engine_and_no_onnx(argv):
+    """Startup stays short (benchmarks/bench_startup.py measures it): nothing heavy is imported."""
+    probe = ("import sys\nfrom edgeinfer.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                          env={**os.environ, "EDGEINFER_DEBUG": "0"})
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

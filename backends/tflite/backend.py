@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.engine_logs import native_info_quiet
 from edgeinfer.errors import BackendError, EdgeInferError
 from edgeinfer.format.tflite import export_tflite, node_support
 from edgeinfer.ir import Graph, Node
@@ -133,10 +134,11 @@ class TFLiteBackend(Backend):
         resolver = engine.get("op_resolver", "auto")
         delegates = [self._load_delegate(engine)] if engine.get("delegate") else None
         try:
-            interpreter = module.Interpreter(
-                model_content=flatbuffer, num_threads=options.threads, experimental_delegates=delegates,
-                experimental_op_resolver_type=getattr(module.OpResolverType, OP_RESOLVERS[resolver]))
-            interpreter.allocate_tensors()
+            with native_info_quiet():  # "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+                interpreter = module.Interpreter(
+                    model_content=flatbuffer, num_threads=options.threads, experimental_delegates=delegates,
+                    experimental_op_resolver_type=getattr(module.OpResolverType, OP_RESOLVERS[resolver]))
+                interpreter.allocate_tensors()
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
         _probe(interpreter, graph)

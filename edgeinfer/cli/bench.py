@@ -29,6 +29,7 @@ import numpy as np
 
 from edgeinfer.cli.memory import PeakRSS
 from edgeinfer.cli.progress import NoProgress, Progress
+from edgeinfer.errors import BackendError, EdgeInferError
 from edgeinfer.model import Model
 from edgeinfer.timing import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 
@@ -131,7 +132,8 @@ def steps(backends: Sequence[Any], peers: Sequence[str], runs: int, profile: boo
 def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[str, Any], *, threads: int | None,
             runs: int, warmup: int, peers: Sequence[str] = (), source: str | os.PathLike | None = None,
             profile: bool = True, progress: Progress | None = None, skipped: dict[str, str] | None = None,
-            memory: str = "inline", **session_options: Any) -> list[LatencyReport]:
+            failed: dict[str, str] | None = None, memory: str = "inline",
+            **session_options: Any) -> list[LatencyReport]:
     """Compile, memory, first run and interleaved latency of each backend (and raw-engine
     ``peers``, see ``edgeinfer.cli.peers``), with an untimed profile of each backend.
 
@@ -139,7 +141,10 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     process of its own (model, feeds and options sent to it), so no contender pays for or
     profits from what another loaded; the figures replace the in-process ones.
 
-    A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason).
+    A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason). A
+    backend that fails to compile or to run the feeds (an ``EdgeInferError``) is left out with its
+    reason in ``failed`` (label -> one line) when that dict is given, and the others are timed;
+    without it, or when every contender fails, the error is raised.
     ``source``: the user's model file, which a peer of the same format runs directly.
     """
     from edgeinfer.cli import peers as raw
@@ -153,10 +158,15 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             progress.describe(f"compiling {label}")
 
             def make(backend=backend) -> tuple[Any, Callable[[], Any]]:
-                session = Session(model, backend=backend, threads=threads, **session_options)
+                session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
                 return session, lambda: session.run(feeds)
 
-            contenders.append(_prepare(label, make, warmup))
+            try:
+                contenders.append(_prepare(label, make, warmup))
+            except EdgeInferError as exc:
+                if failed is None:
+                    raise
+                failed[label] = " ".join(str(exc).split())
             progress.advance()
         for name in peers:
             progress.describe(f"compiling raw {name}")
@@ -176,6 +186,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 contender.runs_on = runs_on[0]
                 contenders.append(contender)
             progress.advance()
+        if not contenders and failed:
+            raise BackendError("every contender failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
         progress.describe("timing (interleaved blocks)")
         # the numpy backend's big GEMMs leave OpenBLAS's workers spinning: settle past them
         numpy_runs = any(c.session is not None and any(p.backend == "numpy" for p in c.session.plan.parts)
@@ -211,6 +223,17 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     finally:
         for contender in contenders:
             contender.close()
+
+
+def _options_for(backend: str | list[str], session_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``session_options`` with ``backend_options`` kept to the engines this contender uses (a
+    tflite delegate goes to the tflite contenders and auto, not to numpy)."""
+    options = dict(session_options)
+    if options.get("backend_options"):
+        names = {backend} if isinstance(backend, str) else set(backend)
+        kept = {k: v for k, v in options["backend_options"].items() if k in names or "auto" in names}
+        options["backend_options"] = kept or None
+    return options
 
 
 def _prepare(label: str, make: Callable[[], tuple[Any, Callable[[], Any]]], warmup: int) -> _Contender:
@@ -273,7 +296,7 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
         from edgeinfer.session import Session
 
         def make() -> tuple[Any, Callable[[], Any]]:
-            session = Session(model, backend=backend, threads=threads, **session_options)
+            session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
             return session, lambda: session.run(feeds)
 
     contender = _prepare("child", make, warmup)
@@ -454,13 +477,17 @@ def integer_paths(session: Any) -> list[str]:
 
 
 def as_json(latency_reports: Sequence[LatencyReport], stream_report: StreamReport | Sequence[StreamReport] | None,
-            *, skipped_peers: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None
-            ) -> dict[str, Any]:
+            *, skipped_peers: Mapping[str, str] | None = None, settings: Mapping[str, Any] | None = None,
+            failed: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every figure; ``failed`` (backends that could not run, with why) only when there are some."""
     streams = [stream_report] if isinstance(stream_report, StreamReport) else list(stream_report or [])
-    return {"machine": machine_facts(), "settings": dict(settings or {}),
-            "latency": [asdict(r) for r in latency_reports],
-            "peer_ratios": peer_ratios(latency_reports), "skipped_peers": dict(skipped_peers or {}),
-            "stream": asdict(streams[0]) if len(streams) == 1 else [asdict(s) for s in streams] or None}
+    document = {"machine": machine_facts(), "settings": dict(settings or {}),
+                "latency": [asdict(r) for r in latency_reports],
+                "peer_ratios": peer_ratios(latency_reports), "skipped_peers": dict(skipped_peers or {}),
+                "stream": asdict(streams[0]) if len(streams) == 1 else [asdict(s) for s in streams] or None}
+    if failed:
+        document["failed"] = dict(failed)
+    return document
 
 
 def plot(reports: Sequence[LatencyReport], path: str | os.PathLike, *, title: str = "") -> None:

@@ -358,8 +358,11 @@ def _tensorflow(source: Any, model: Model, feeds: Feeds, options: Mapping[str, A
 def _litert(source: Any, model: Model, feeds: Feeds, options: Mapping[str, Any]) -> list[np.ndarray]:
     from ai_edge_litert import interpreter as litert
 
+    from edgeinfer.engine_logs import native_info_quiet
+
     data = Path(source).read_bytes() if isinstance(source, (str, os.PathLike)) else bytes(source)
-    engine = litert.Interpreter(model_content=data)
+    with native_info_quiet():
+        engine = litert.Interpreter(model_content=data)
     details = engine.get_input_details()
     pairs = _by_name_or_position(model, feeds, [d["name"] for d in details])
     for detail, (_, array) in zip(details, pairs):

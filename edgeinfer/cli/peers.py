@@ -105,8 +105,11 @@ def raw_litert_bytes(model: bytes, threads: int | None) -> Runner:
     """LiteRT's interpreter (XNNPACK) on a ``.tflite`` flatbuffer."""
     from ai_edge_litert import interpreter as litert
 
-    engine = litert.Interpreter(model_content=model, num_threads=threads or os.cpu_count() or 1)
-    engine.allocate_tensors()
+    from edgeinfer.engine_logs import native_info_quiet
+
+    with native_info_quiet():
+        engine = litert.Interpreter(model_content=model, num_threads=threads or os.cpu_count() or 1)
+        engine.allocate_tensors()
     inputs = {d["name"]: d["index"] for d in engine.get_input_details()}
     shapes = {d["name"]: tuple(d["shape"]) for d in engine.get_input_details()}
     outputs = [d["index"] for d in engine.get_output_details()]

@@ -10,15 +10,14 @@
 from __future__ import annotations
 
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
 import click
 
-from edgeinfer.cli.support import handle_errors
+from edgeinfer.cli.support import LazyChoice, LibraryDefault, handle_errors
 from edgeinfer.errors import InputError
-from edgeinfer.quantize.methods import CALIBRATION_METHODS
-from edgeinfer.quantize.static import DEFAULT_METHOD
 
 _CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
                      "std", "size", "exclude")
@@ -42,6 +41,18 @@ def _size(text: str | None) -> tuple[int, int] | None:
     return (int(parts[0]), int(parts[-1]))
 
 
+def _calibration_methods() -> list[str]:
+    from edgeinfer.quantize.methods import CALIBRATION_METHODS
+
+    return sorted(CALIBRATION_METHODS)
+
+
+def _default_method() -> str:
+    from edgeinfer.quantize.static import DEFAULT_METHOD
+
+    return DEFAULT_METHOD
+
+
 def _calibration_options(fn):
     options = [
         click.option("--calib", type=click.Path(path_type=Path),
@@ -49,8 +60,8 @@ def _calibration_options(fn):
         click.option("--calib-random", type=click.IntRange(0), default=0, metavar="N",
                      help="Calibrate on N random samples instead (testing only: ranges will not fit real data)."),
         click.option("--calib-limit", type=click.IntRange(1), help="Use at most this many calibration samples."),
-        click.option("--method", type=click.Choice(sorted(CALIBRATION_METHODS)), default=DEFAULT_METHOD,
-                     show_default=True, help="How calibration turns histograms into ranges."),
+        click.option("--method", type=LazyChoice(_calibration_methods), cls=LibraryDefault,
+                     library_default=_default_method, help="How calibration turns histograms into ranges."),
         click.option("--activations", type=click.Choice(["uint8", "int8"]), default="uint8", show_default=True,
                      help="Activation type: uint8 asymmetric or int8 symmetric."),
         click.option("--per-tensor", is_flag=True, help="One weight scale per tensor instead of per channel."),
@@ -75,6 +86,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
                          "(or --calib-random N to test with random data)")
     if calib is not None and calib_random:
         raise InputError("give either --calib or --calib-random, not both")
+    method = method if method is not None else _default_method()
     return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
@@ -97,13 +109,29 @@ def quantize_options(fn):
                              "or fp16 weight storage.")(wrapper)
 
 
+FEW_SAMPLES = 16
+
+
+def _warn_few_samples(model) -> None:
+    """Ranges from a handful of samples rarely describe real inputs: say so (static int8 only)."""
+    import json
+    import warnings
+
+    count = json.loads(model.metadata.get("quantization", "{}")).get("calibration_samples")
+    if count is not None and count < FEW_SAMPLES:
+        warnings.warn(f"calibrated on {count} sample(s): ranges from fewer than {FEW_SAMPLES} rarely describe "
+                      "real inputs; give more with --calib", UserWarning, stacklevel=2)
+
+
 def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: bool = False):
     """The model ``convert`` should save: ``model`` itself, or quantized per ``--quantize``
     (with a calibration progress bar unless ``quiet``)."""
     if quantization is None:
         return model
     settings = dict(quantization)
-    return _quantize(model, settings.pop("mode"), quiet=quiet, **settings)
+    quantized = _quantize(model, settings.pop("mode"), quiet=quiet, **settings)
+    _warn_few_samples(quantized)
+    return quantized
 
 
 @click.command("quantize")
@@ -136,12 +164,16 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
         raise InputError(f"--report {report}: expected a path ending in .png")
     if max_accuracy_drop is not None and evaluation is None:
         raise InputError("--max-accuracy-drop needs a labelled evaluation set: --eval FILE.npz")
+    from edgeinfer.engine_logs import quiet_onnxruntime
+
+    quiet_onnxruntime()
     model = load_any(model_path)
     extra: dict[str, Any] = {}
     if max_accuracy_drop is not None:
         extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
     kind = "fp16" if weight_format == "fp16" else ("dynamic" if mode == "dynamic" else "int8")
     quantized = _quantize(model, kind, quiet=quiet, **calibration, **extra)
+    _warn_few_samples(quantized)
     quantized.save(output)
     before = sum(a.nbytes for a in model.graph.initializers.values())
     after = sum(a.nbytes for a in quantized.graph.initializers.values())
@@ -175,7 +207,7 @@ def _write_report(model, quantized, calibration: dict[str, Any], path: Path) -> 
     from itertools import islice
 
     from edgeinfer.quantize.data import open_source
-    from edgeinfer.quantize.report import format_table, layer_errors, plot
+    from edgeinfer.quantize.report import format_table, layer_errors
     from edgeinfer.quantize.static import prepare_graph
 
     summary = json.loads(quantized.metadata.get("quantization", "{}"))
@@ -186,7 +218,43 @@ def _write_report(model, quantized, calibration: dict[str, Any], path: Path) -> 
     feeds = list(islice(open_source(calibration["calib"], float_graph, random_samples=calibration["calib_random"],
                                     size=_size(calibration["size"]), mean=_floats(calibration["mean"], "mean"),
                                     std=_floats(calibration["std"], "std")), 8))
-    rows = layer_errors(float_graph, quantized.graph, layers, feeds)
-    click.echo(format_table(rows))
-    plot(rows, path)
+    rows = sorted(layer_errors(float_graph, quantized.graph, layers, feeds), key=lambda row: row.sqnr_db)
+    click.echo(format_table(rows, title=f"per-layer error vs fp32 on {len(feeds)} sample(s), worst first"))
+    exact = sum(1 for row in rows if math.isinf(row.sqnr_db))
+    if exact:
+        click.echo(f"inf: {exact} layer(s) whose int8 output equals the float one exactly on these samples "
+                   "(no rounding error: e.g. a max-pool, reshape or concat of values already on the int8 grid)")
+    plot_worst(rows, path, title=f"INT8 error per layer: the worst {min(len(rows), WORST)} of {len(rows)}")
     click.echo(f"wrote {path}")
+
+
+WORST = 30
+
+
+def plot_worst(rows, path: Path, *, title: str) -> None:
+    """A PNG of the ``WORST`` layers with the lowest SQNR, one labelled horizontal bar each (with
+    its cosine), worst at the top: about 900x1200 px, legible without zooming."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from edgeinfer.format.atomic import atomic_write_bytes
+
+    shown = [row for row in rows if not math.isinf(row.sqnr_db)][:WORST] or rows[:WORST]
+    figure = Figure(figsize=(9, 0.32 * len(shown) + 1.6), layout="constrained")
+    axes = figure.subplots()
+    positions = list(range(len(shown)))[::-1]
+    values = [min(row.sqnr_db, 99.0) for row in shown]
+    axes.barh(positions, values, color="#4c72b0")
+    axes.set_yticks(positions, [f"{row.layer} ({row.op_type})" for row in shown], fontsize=8)
+    for y, row, value in zip(positions, shown, values):
+        axes.text(value, y, f" {value:.1f} dB, cos {row.cosine:.4f}", va="center", fontsize=7)
+    axes.set_xlabel("SQNR vs fp32 (dB, higher is better; about 6 dB per bit)")
+    axes.set_xlim(0, max(values, default=1) * 1.35 + 1)
+    axes.set_title(title, fontsize=10)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())

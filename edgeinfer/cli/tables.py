@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -18,22 +19,50 @@ def console() -> Console:
     return plain if plain.is_terminal else Console(width=220, no_color=True, highlight=False)
 
 
-def latency_table(reports: Sequence[LatencyReport]) -> Table:
-    best = min(r.ms["median"] for r in reports)
-    integer = any(r.integer_paths for r in reports)  # a column only where some part has int8 products
-    table = Table()
-    table.add_column("contender", style="bold")
-    for name in ("compile s", "first ms", "min ms", "median ms", "p90 ms", "p99 ms", "max ms", "req/s",
-                 "peak RSS MiB", "vs best") + (("int8 path",) if integer else ()):
-        table.add_column(name, justify="left" if name == "int8 path" else "right")
+COLUMNS = {  # heading -> cell of a report
+    "compile s": lambda r: f"{r.compile_s:.3f}",
+    "first ms": lambda r: f"{r.first_run_ms:.2f}",
+    "min ms": lambda r: f"{r.ms['min']:.3f}",
+    "median ms": lambda r: f"{r.ms['median']:.3f}",
+    "p90 ms": lambda r: f"{r.ms['p90']:.3f}",
+    "p99 ms": lambda r: f"{r.ms['p99']:.3f}",
+    "max ms": lambda r: f"{r.ms['max']:.3f}",
+    "req/s": lambda r: f"{r.throughput:.1f}",
+    "peak RSS MiB": lambda r: "-" if r.peak_rss_bytes is None else f"{r.peak_rss_bytes / MIB:.1f}",
+}
+COMPACT = ("median ms", "p90 ms", "req/s", "RSS MiB")  # "RSS MiB" is "peak RSS MiB"
+
+
+def latency_table(reports: Sequence[LatencyReport], failed: Mapping[str, str] | None = None, *,
+                  width: int = 220) -> Table:
+    """Every column when they fit ``width`` without folding a cell; otherwise the compact table
+    (contender, median, p90, req/s, peak RSS, vs best), which fits 80 columns. A backend in
+    ``failed`` gets a row saying so (its reason is printed under the table, ``failure_lines``)."""
+    full = _latency_table(reports, failed, tuple(COLUMNS), compact=False)  # + "int8 path" where some has one
+    if Console(width=10_000).measure(full).maximum <= width:  # its natural width, nothing folded
+        return full
+    return _latency_table(reports, failed, COMPACT, compact=True)
+
+
+def _latency_table(reports: Sequence[LatencyReport], failed: Mapping[str, str] | None, names: Sequence[str], *,
+                   compact: bool) -> Table:
+    best = min((r.ms["median"] for r in reports), default=float("nan"))
+    integer = not compact and any(r.integer_paths for r in reports)  # compact: integer_lines() under it
+    table = Table(box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact)
+    table.add_column("contender", style="bold", overflow="fold")
+    for name in (*names, "vs best"):
+        table.add_column(name, justify="right", no_wrap=True)
+    if integer:
+        table.add_column("int8 path", justify="left")
+    cells = {**COLUMNS, "RSS MiB": COLUMNS["peak RSS MiB"]}
     for r in reports:
-        memory = "-" if r.peak_rss_bytes is None else f"{r.peak_rss_bytes / MIB:.1f}"
         ratio = r.ms["median"] / best
         paths = (_integer_cell(r.integer_paths),) if integer else ()
-        table.add_row(r.label, f"{r.compile_s:.3f}", f"{r.first_run_ms:.2f}", f"{r.ms['min']:.3f}",
-                      f"{r.ms['median']:.3f}", f"{r.ms['p90']:.3f}", f"{r.ms['p99']:.3f}", f"{r.ms['max']:.3f}",
-                      f"{r.throughput:.1f}", memory, "best" if ratio == 1 else f"{ratio:.2f}x", *paths,
+        table.add_row(r.label, *(cells[name](r) for name in names), "best" if ratio == 1 else f"{ratio:.2f}x",
+                      *paths,
                       style="dim" if r.peer else None)
+    for label in failed or {}:
+        table.add_row(label, "failed", *["-"] * len(names), style="red")
     return table
 
 
@@ -43,6 +72,17 @@ def _integer_cell(paths: Sequence[str]) -> str:
     if not paths:
         return "-"
     return notes.pop().removeprefix("int8 ") if len(notes) == 1 else "; ".join(paths)
+
+
+def integer_lines(reports: Sequence[LatencyReport], table: Table) -> list[str]:
+    """The int8 path of each contender that has one, for a table without that column."""
+    if any(column.header == "int8 path" for column in table.columns):
+        return []
+    return [f"{r.label}: int8 {_integer_cell(r.integer_paths)}" for r in reports if r.integer_paths]
+
+
+def failure_lines(failed: Mapping[str, str]) -> list[str]:
+    return [f"{label} failed: {reason}" for label, reason in failed.items()]
 
 
 def profile_tables(reports: Sequence[LatencyReport], top: int) -> list[tuple[str, Table, str]]:

@@ -36,20 +36,25 @@ def npy_folder(path: str | os.PathLike, graph: Graph) -> Iterator[Feeds]:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz"))
     if not files:
         raise InputError(f"calibration folder {folder}: expected .npy or .npz files, found none")
-    names = graph.input_names
     for file in files:
-        try:
-            loaded = np.load(file, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise InputError(f"calibration file {file}: not a readable .npy/.npz without pickles ({exc})") from exc
-        if isinstance(loaded, np.ndarray):
-            if len(names) != 1:
-                raise InputError(f"calibration file {file}: a .npy holds one array but the model has inputs "
-                                 f"{names}; use .npz files keyed by input name")
-            yield from shape_feeds({names[0]: loaded}, graph, where=str(file))
-        else:
-            with loaded:
-                yield from shape_feeds({key: loaded[key] for key in loaded.files}, graph, where=str(file))
+        yield from npy_file(file, graph)
+
+
+def npy_file(file: str | os.PathLike, graph: Graph) -> Iterator[Feeds]:
+    """Feeds from one ``.npy`` (a one-input model) or ``.npz`` file (keys = input names)."""
+    names = graph.input_names
+    try:
+        loaded = np.load(file, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"calibration file {file}: not a readable .npy/.npz without pickles ({exc})") from exc
+    if isinstance(loaded, np.ndarray):
+        if len(names) != 1:
+            raise InputError(f"calibration file {file}: a .npy holds one array but the model has inputs "
+                             f"{names}; use .npz files keyed by input name")
+        yield from shape_feeds({names[0]: loaded}, graph, where=str(file))
+    else:
+        with loaded:
+            yield from shape_feeds({key: loaded[key] for key in loaded.files}, graph, where=str(file))
 
 
 def image_folder(path: str | os.PathLike, graph: Graph, *, size: Sequence[int] | None = None,
@@ -59,24 +64,33 @@ def image_folder(path: str | os.PathLike, graph: Graph, *, size: Sequence[int] |
 
     ``size`` is (height, width) (default: the input's declared spatial size); ``layout`` is
     "NCHW" or "NHWC" (default: guessed from where the input has 1 or 3 channels)."""
-    import cv2
-
     folder = _folder(path, "image")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise InputError(f"image folder {folder}: expected images ({', '.join(IMAGE_SUFFIXES)}), found none")
     if len(graph.inputs) != 1:
         raise InputError(f"image calibration: expected a model with one input, found {graph.input_names}")
-    value = graph.inputs[0]
+    for file in files:
+        pixels = image_array(file, graph.inputs[0], size=size, mean=mean, std=std, layout=layout)
+        yield from shape_feeds({graph.inputs[0].name: pixels}, graph, where=str(file))
+
+
+def image_array(file: str | os.PathLike, value, *, size: Sequence[int] | None = None,
+                mean: Sequence[float] = (0.0, 0.0, 0.0), std: Sequence[float] = (1.0, 1.0, 1.0),
+                layout: str | None = None) -> np.ndarray:
+    """One image file as a 1xCxHxW (or 1xHxWxC) float32 array for the input ``value`` (an IR
+    ``Value``): RGB (or gray for one channel), resized to ``size`` (height, width; default the
+    input's fixed spatial size), scaled to [0, 1], then ``(x - mean) / std`` per channel."""
+    import cv2
+
     layout = layout or _guess_layout(value.shape)
     if layout not in ("NCHW", "NHWC") or value.rank != 4:
-        raise InputError(f"image calibration for input {value.name!r} of shape {value.shape}: expected a "
-                         "rank-4 NCHW or NHWC input")
+        raise InputError(f"image input {value.name!r} of shape {value.shape}: expected a rank-4 NCHW or NHWC input")
     channels_dim = value.shape[1] if layout == "NCHW" else value.shape[3]
     spatial = value.shape[2:] if layout == "NCHW" else value.shape[1:3]
     if size is None:
         if not all(isinstance(d, int) for d in spatial):
-            raise InputError(f"image calibration: input {value.name!r} has no fixed spatial size {value.shape}; "
+            raise InputError(f"image input {value.name!r} has no fixed spatial size {value.shape}; "
                              "give --size HxW")
         size = tuple(spatial)
     height, width = (int(size[0]), int(size[-1]))
@@ -84,18 +98,17 @@ def image_folder(path: str | os.PathLike, graph: Graph, *, size: Sequence[int] |
     mean_v, std_v = _per_channel(mean, channels, "mean"), _per_channel(std, channels, "std")
     if np.any(std_v == 0):
         raise InputError(f"image normalization: std {list(std)} has a zero entry")
-    for file in files:
-        image = cv2.imread(str(file), cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
-        if image is None:
-            raise InputError(f"image {file}: OpenCV cannot decode it")
-        image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
-        if channels == 1:
-            image = image[:, :, None]
-        else:
-            image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        pixels = (image.astype(np.float32) / 255.0 - mean_v) / std_v
-        pixels = pixels.transpose(2, 0, 1) if layout == "NCHW" else pixels
-        yield from shape_feeds({value.name: pixels[None].astype(np.float32)}, graph, where=str(file))
+    image = cv2.imread(str(file), cv2.IMREAD_GRAYSCALE if channels == 1 else cv2.IMREAD_COLOR)
+    if image is None:
+        raise InputError(f"image {file}: OpenCV cannot decode it")
+    image = cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)
+    if channels == 1:
+        image = image[:, :, None]
+    else:
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    pixels = (image.astype(np.float32) / 255.0 - mean_v) / std_v
+    pixels = pixels.transpose(2, 0, 1) if layout == "NCHW" else pixels
+    return pixels[None].astype(np.float32)
 
 
 def random_data(graph: Graph, count: int, *, seed: int = 0) -> Iterator[Feeds]:
@@ -181,20 +194,49 @@ def shape_feeds(feeds: Mapping[str, Any], graph: Graph, *, where: str) -> Iterat
 
 def open_source(source: Any, graph: Graph, *, size: Sequence[int] | None = None,
                 mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                random_samples: int = 0) -> Iterator[Feeds]:
-    """Feeds from a folder path (.npy/.npz files, else images), a Python iterable, or, with
-    ``source=None`` and ``random_samples > 0``, random data."""
+                random_samples: int = 0, layout: str | None = None) -> Iterator[Feeds]:
+    """Feeds from a folder path (.npy/.npz files, else images), one .npy, .npz or image file, a
+    Python iterable, or, with ``source=None`` and ``random_samples > 0``, random data."""
     if source is None:
         if random_samples <= 0:
             raise InputError("calibration data: none given; pass samples, a folder, or explicitly ask for "
                              "random data (random_samples=N, --calib-random N)")
         return random_data(graph, random_samples)
+    mean, std = mean or (0.0, 0.0, 0.0), std or (1.0, 1.0, 1.0)
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_file():
+        suffix = Path(source).suffix.lower()
+        if suffix in (".npy", ".npz"):
+            return npy_file(source, graph)
+        if suffix in IMAGE_SUFFIXES and len(graph.inputs) == 1:
+            pixels = image_array(source, graph.inputs[0], size=size, mean=mean, std=std, layout=layout)
+            return shape_feeds({graph.inputs[0].name: pixels}, graph, where=str(source))
+        raise InputError(f"calibration file {source}: expected a folder, a .npy or .npz file, or an image "
+                         f"({', '.join(IMAGE_SUFFIXES)}) for a one-input model")
     if isinstance(source, (str, os.PathLike)):
         folder = _folder(source, "calibration data")
         if any(p.suffix.lower() in (".npy", ".npz") for p in folder.iterdir()):
             return npy_folder(folder, graph)
-        return image_folder(folder, graph, size=size, mean=mean or (0.0, 0.0, 0.0), std=std or (1.0, 1.0, 1.0))
+        return image_folder(folder, graph, size=size, mean=mean, std=std, layout=layout)
     return iterate_feeds(source, graph)
+
+
+def sample_count(source: Any, random_samples: int = 0) -> int | None:
+    """How many samples ``open_source`` yields, where known without reading them: the random
+    count, one for a file, the files of a folder (an .npz holding a batch may yield more), the
+    length of a sized Python source; else None."""
+    if source is None:
+        return random_samples or None
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_file():
+            return 1
+        if path.is_dir():
+            arrays = [p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz")]
+            return len(arrays) or sum(1 for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        return None
+    if isinstance(source, (np.ndarray, Mapping)):
+        return 1
+    return len(source) if hasattr(source, "__len__") else None
 
 
 def _folder(path: str | os.PathLike, what: str) -> Path:

@@ -17,14 +17,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from edgeinfer.errors import InputError
 from edgeinfer.ir import EDGEINFER_DOMAIN, Graph
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 from edgeinfer.quantize.calibrate import collect_histograms
-from edgeinfer.quantize.data import Feeds, open_source
+from edgeinfer.quantize.data import Feeds, open_source, sample_count
 from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
 from edgeinfer.quantize.qdq import StaticOptions, build_qdq_graph, plan_quantization, weights_summary
@@ -76,7 +74,8 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
     graph = prepare_graph(_graph_of(model))
     feeds = open_source(data, graph, size=size, mean=mean, std=std, random_samples=random_samples)
     counted = _Counted(feeds, limit)
-    total = limit if limit is not None else (len(data) if hasattr(data, "__len__") and not isinstance(data, (str, np.ndarray, Mapping)) else None)
+    known = sample_count(data, random_samples)
+    total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
     histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total)
     return Calibration(graph, histograms, counted.count)
 

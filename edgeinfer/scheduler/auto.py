@@ -36,6 +36,7 @@ from edgeinfer.model import Model
 from edgeinfer.timing import time_engines
 
 log = logging.getLogger("edgeinfer.scheduler.auto")
+progress = logging.getLogger("edgeinfer.scheduler.auto.progress")  # one INFO line per step (edgeinfer run shows them)
 CACHE_FILE = "auto-backends.json"
 _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu", "openvino", "ai-edge-litert",
                          "tflite-runtime")
@@ -167,8 +168,9 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
     label_of: dict[str, list[str]] = {}
     built: dict[str, tuple[Any, Any]] = {}
     placements: dict[tuple, str] = {}
-    for names in lists:
+    for index, names in enumerate(lists, 1):
         label = ",".join(names)
+        progress.info("candidate %d/%d: %s (compile, warm-up)", index, len(lists), label)
         try:
             backends = make_backends(names, device=device, fallback=fallback,
                                      options={k: v for k, v in options.items() if k in names})
@@ -202,6 +204,8 @@ def measure(model: Model, lists: list[list[str]], *, threads: int | None, device
             skipped[label] = f"{statistics.median(times) * 1000:.2f} ms in the first rounds, over " \
                              f"{_DROP_FACTOR}x the best"
             runners.pop(label).close()
+    progress.info("timing %s", ", ".join(f"{label} ({statistics.median(first[label]) * 1000:.3g} ms in the first rounds)"
+                                    for label in runners))
     per_call = sum(statistics.median(first[label]) for label in runners)
     calls = int(max(10, min(60, _TIME_BUDGET_S / max(per_call, 1e-6))))
     times = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=calls)
@@ -243,6 +247,7 @@ def choose_executor(model: Model, backends: list, *, threads: int | None, debug:
         log.warning("executor='auto' cannot time the executors (%s); using sequential", exc)
         built.pop("dag")[1].close()
         return "sequential", *built["sequential"], {}
+    progress.info("executor: timing sequential and dag")
     times = time_engines({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
                          calls=rounds, warmup=2)
     medians = {name: statistics.median(t) * 1000 for name, t in times.items()}

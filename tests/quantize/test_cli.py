@@ -74,3 +74,48 @@ def test_convert_options_collect_into_one_keyword(files):
     assert result.exit_code == 0, result.output
     assert seen["quantization"]["mode"] == "int8" and seen["quantization"]["method"] == "minmax"
     assert seen["model"].graph.op_histogram()["QuantizeLinear"] > 0
+
+
+def test_report_is_sorted_worst_first_explains_inf_and_plots_the_worst_30_legibly(files):
+    import re
+
+    folder, _ = files
+    out, png = folder / "sorted.int8.eim", folder / "worst.png"
+    result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                   "-o", str(out), "--report", str(png), "-q"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("per-layer error vs fp32 on 6 sample(s)"))
+    values = []
+    for line in lines[start + 2:]:
+        found = re.match(r"^\S+\s+\S+\s+(inf|-?[\d.]+)\s+[\d.]+$", line)
+        if not found:
+            break
+        values.append(float(found.group(1)))
+    assert len(values) > 3 and values == sorted(values)  # worst (lowest SQNR) first, inf last
+    if "inf" in result.output.split("worst first")[1]:
+        assert "inf: " in result.output and "equals the float one exactly" in result.output
+    import matplotlib.image
+
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert width <= 1000 and height <= 0.32 * 100 * 30 + 260  # one readable bar per layer, at most 30
+
+
+def test_fewer_than_16_calibration_samples_warn_and_the_bar_has_a_total(files, monkeypatch):
+    folder, _ = files
+    totals = []
+    import importlib
+
+    calibration = importlib.import_module("edgeinfer.quantize.calibrate")  # the module, not ei.quantize.calibrate()
+    real = calibration._progress.__init__
+
+    def record(self, enabled, label, total):
+        totals.append(total)
+        real(self, enabled, label, total)
+
+    monkeypatch.setattr(calibration._progress, "__init__", record)
+    result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                   "-o", str(folder / "few.int8.eim")])
+    assert result.exit_code == 0, result.output
+    assert "warning: calibrated on 6 sample(s): ranges from fewer than 16" in result.output
+    assert totals and totals[0] == 6  # "6/6", not "0/?"

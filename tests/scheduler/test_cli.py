@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -90,3 +91,49 @@ def test_run_on_a_missing_device_is_one_line(cnn_file):
                                        "--device", "npu"])
     assert result.exit_code == 2
     assert "no NPU execution provider" in result.output
+
+
+@pytest.fixture
+def no_tflite_file(tmp_path):
+    """CumSum then Einsum: ops with no TFLite export rule, so the tflite backend runs none of them."""
+    helper = onnx.helper
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["x", "axis"], ["c"], name="running_sum"),
+         helper.make_node("Einsum", ["c"], ["y"], name="transpose", equation="ij->ji")],
+        "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 2])],
+        initializer=[onnx.numpy_helper.from_array(np.array(1, np.int64), "axis")])
+    path = tmp_path / "no_tflite.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_run_says_the_placement_when_it_is_not_the_one_asked_for(no_tflite_file, cnn_file):
+    pytest.importorskip("ai_edge_litert")
+    result = invoke("run", no_tflite_file, "--random-inputs", "--backend", "tflite", "--repeat", 1)
+    assert result.exit_code == 0, result.output
+    placement = ei.Session(ei.convert(no_tflite_file), backend="tflite").plan.node_counts()
+    assert placement == {"numpy": 2}
+    assert "placement: tflite 0 nodes, numpy 2 nodes" in result.output
+    result = invoke("run", cnn_file, "--random-inputs", "--backend", "onnxruntime", "--repeat", 1)
+    assert result.exit_code == 0 and "placement:" not in result.output  # every node where asked
+
+
+def test_run_auto_shows_each_candidate_and_its_choice_with_the_margin(cnn_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEINFER_CACHE_DIR", str(tmp_path / "cache"))  # measured, not a cached choice
+    result = invoke("run", cnn_file, "--random-inputs", "--backend", "auto", "--repeat", 1)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    candidates = [line for line in lines if line.startswith("auto: candidate ")]
+    from edgeinfer.backend import installed_backends
+    from edgeinfer.scheduler.auto import candidates as auto_candidates
+
+    assert len(candidates) == len(auto_candidates(installed_backends()))
+    chosen = next(line for line in lines if line.startswith("auto: chose "))
+    session = ei.Session(ei.convert(cnn_file), backend="auto")  # the cached choice, now
+    assert chosen.startswith(f"auto: chose {','.join(session.auto_choice.backends)}")
+    assert "ms median" in chosen and ("faster than" in chosen or "only candidate" in chosen)
+    assert any(line.startswith("placement: ") for line in lines)
+    # the second time the choice comes from the cache, and says so
+    again = invoke("run", cnn_file, "--random-inputs", "--backend", "auto", "--repeat", 1)
+    assert "(measured earlier on this machine; cached)" in again.output

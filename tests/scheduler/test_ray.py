@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,7 +150,9 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
         assert not ray.is_initialized()
         print("LEFT", [p.pid for p in alive])
     """)
+    root = str(Path(__file__).resolve().parents[2])  # devkit/ is not installed
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LEFT []" in done.stdout, done.stdout
