@@ -8,6 +8,7 @@ import pytest
 from passcheck import check_not_fired, check_rewrite, floats, ops
 
 import edgeinfer as ei
+from devkit.testing import assert_close
 
 HEAD = '<ir_version: 8, opset_import: ["" : 17]>'
 TO_NHWC = "<perm = [0, 2, 3, 1]>"
@@ -142,7 +143,7 @@ def test_mobilenet_style_net_has_no_transposes_between_convolutions():
     assert len(transposes) == 1 and transposes[0].inputs[0] == graph.input_names[0]
     sample = np.random.default_rng(0).standard_normal((1, 32, 32, 3)).astype(np.float32)
     (out,) = ei.Session(model).run({graph.input_names[0]: sample}).values()
-    ei.testing.assert_close(out, np.asarray(net(sample)), rtol=1e-4, atol=1e-5)
+    assert_close(out, np.asarray(net(sample)), rtol=1e-4, atol=1e-5)
 
 
 def test_channel_pad_and_prelu_of_nhwc_move_below_and_cancel(rng):

@@ -155,7 +155,7 @@ def test_batch_of_three_on_dynamic_model(tflite_files, keras_models, make_input)
     assert_close(_edgeinfer_run(fp32, x), _interpreter_run(fp32, x), rtol=1e-4, atol=1e-5)
 
 
-def test_fp16_weights_are_cast_up(keras_models, make_input):
+def test_fp16_weights_are_stored_weights_not_casts(keras_models, make_input):
     tf = pytest.importorskip("tensorflow")
     model = keras_models["separable_net"]
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
@@ -163,8 +163,10 @@ def test_fp16_weights_are_cast_up(keras_models, make_input):
     converter.target_spec.supported_types = [tf.float16]
     data = converter.convert()
     raw = ei.convert(data, optimize=0).graph
-    casts = [n for n in raw.nodes if n.op_type == "Cast" and raw.values[n.inputs[0]].const is not None]
-    assert casts and all(raw.values[n.inputs[0]].const.dtype == np.float16 for n in casts)
+    from edgeinfer.ir.weights import stored_weight_dtype
+
+    assert not [n for n in raw.nodes if n.op_type == "Cast" and raw.values[n.inputs[0]].const is not None]
+    assert any(stored_weight_dtype(raw, name) == "float16" for name in raw.initializers)  # kept fp16 in the .eim
     converted = ei.convert(data)
     x = make_input(model)
     interpreter = interpreter_module.Interpreter(model_content=data)
