@@ -30,6 +30,8 @@ SECTIONS = ("Quick start", "Command line")
 ILLUSTRATIVE = {
     "convert model.pt2": "needs a PyTorch ExportedProgram file (the PyTorch front end is tested in tests/converters)",
     "convert saved_model_dir": "needs a TensorFlow SavedModel (the TensorFlow front end is tested in tests/converters)",
+    "input=photo.jpg": "needs a photo (images as inputs are tested in tests/test_cli.py)",
+    "--delegate": "needs a TFLite delegate library for an accelerator (--delegate is tested in tests/test_cli.py)",
 }
 MAKE_TARGETS = ("make demo", "make test")  # checked to be Makefile targets; running them is CI's job
 
