@@ -51,13 +51,16 @@ class Part:
         return self.graph.output_names
 
 
-def assign(graph: Graph, backends: Sequence[Backend], *,
-           pinned: Mapping[int, str] | None = None) -> Assignment:
+def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
+           excluded: Mapping[int, Mapping[str, str]] | None = None) -> Assignment:
     """Place every node on the first backend of ``backends`` that supports it.
 
     ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
-    a pinned backend that cannot run its node is a ``BackendError``.
+    a pinned backend that cannot run its node is a ``BackendError``. ``excluded`` (node index
+    -> {backend name: reason}) keeps nodes off backends that accepted them but then failed to
+    compile or run them (the runtime's re-partition); the reason is kept like a decline.
     """
+    excluded = excluded or {}
     by_name = {b.name: b for b in backends}
     placed: list[str] = []
     declined: dict[int, dict[str, str]] = {}
@@ -73,8 +76,9 @@ def assign(graph: Graph, backends: Sequence[Backend], *,
             placed.append(name)
             continue
         reasons: dict[str, str] = {}
+        barred = excluded.get(index, {})
         for backend in backends:
-            reason = backend.supports(node, graph)
+            reason = barred.get(backend.name) or backend.supports(node, graph)
             if reason is None:
                 placed.append(backend.name)
                 break
