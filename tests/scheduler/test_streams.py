@@ -47,7 +47,7 @@ def test_live_source_gets_each_result_before_the_next_frame_is_pulled(mlp, max_i
         for index, frame in enumerate(requests):
             if index:
                 with arrived:
-                    on_time.append(arrived.wait_for(lambda: len(delivered) >= index, timeout=WAIT_S))
+                    on_time.append(arrived.wait_for(lambda i=index: len(delivered) >= i, timeout=WAIT_S))
             yield frame
 
     with ei.Session(mlp, backend="onnxruntime", threads=2) as session:
