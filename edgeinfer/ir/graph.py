@@ -285,12 +285,18 @@ class Graph:
         return Counter((f"{n.domain}::{n.op_type}" if n.domain else n.op_type) for n in self.nodes)
 
     # -- partitions ---------------------------------------------------------------------------
-    def subgraph(self, nodes: Iterable[Node], name: str | None = None) -> Graph:
+    def subgraph(self, nodes: Iterable[Node], name: str | None = None, *, in_order: bool = False) -> Graph:
         """A self-contained graph of ``nodes`` (kept in this graph's order). Its inputs are
         the non-constant values read from outside, its outputs the values used outside it
-        (or graph outputs); initializers it reads are copied in (by reference)."""
-        chosen = {id(n) for n in nodes}
-        members = [n for n in self.nodes if id(n) in chosen]
+        (or graph outputs); initializers it reads are copied in (by reference).
+        ``in_order=True``: the caller gives nodes of this graph already in its order (the
+        partitioner does), which spares a scan of the whole graph per subgraph."""
+        if in_order:
+            members = list(nodes)
+            chosen = {id(n) for n in members}
+        else:
+            chosen = {id(n) for n in nodes}
+            members = [n for n in self.nodes if id(n) in chosen]
         if len(members) != len(chosen):
             raise ModelValidationError("subgraph(): every node must belong to this graph")
         produced = {o for n in members for o in n.outputs if o}
