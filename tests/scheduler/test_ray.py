@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,9 @@ from edgeinfer.errors import BackendError, SchedulerError
 
 ray = pytest.importorskip("ray")
 RTOL, ATOL = 1e-4, 1e-5
+# a fresh interpreter finds devkit/ (not installed) as pytest does (pythonpath = ["."])
+ROOT_ON_PATH = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])}
 HALF_CPU = {"num_cpus": 0.5}  # the test machine has 2 cores; actors share them
 
 
@@ -149,7 +154,7 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
         print("LEFT", [p.pid for p in alive])
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env=ROOT_ON_PATH)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LEFT []" in done.stdout, done.stdout
 
@@ -176,7 +181,7 @@ def test_sessions_sharing_a_ray_instance_keep_it_until_the_last_one_closes(tmp_p
     script = textwrap.dedent("""
         import ray
         import edgeinfer as ei
-        from edgeinfer import zoo
+        from devkit import zoo
         proto = zoo.mlp_symbolic_batch(seed=1)
         feeds = zoo.example_inputs(proto)
         options = dict(backend="onnxruntime", executor="ray", stages=1, replicas=1,
@@ -192,6 +197,6 @@ def test_sessions_sharing_a_ray_instance_keep_it_until_the_last_one_closes(tmp_p
         print("SHUTDOWN", not ray.is_initialized())
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env=ROOT_ON_PATH)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SHUTDOWN True" in done.stdout, done.stdout

@@ -13,10 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import edgeinfer as ei
 from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.errors import EdgeInferError, InputError, SchedulerError
 from edgeinfer.runtime import auto
 from edgeinfer.runtime.feeds import Signature
-from devkit.testing import assert_close
 
 from .threads import edgeinfer_threads
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import edgeinfer as ei
-from edgeinfer import zoo
+from devkit import zoo
+from devkit.testing import assert_close
 from edgeinfer.errors import RequestTimeoutError
-from edgeinfer.testing import assert_close
 
 from .backends import SLOW_MARK, FaultyBackend
 from .threads import edgeinfer_threads
