@@ -62,6 +62,7 @@ _END = object()  # the intake's last word: how many requests it admitted
 _ADMITTED = object()  # a request entered the pipeline (its timeout clock runs)
 _CLOSED = object()  # close() wakes a consumer waiting for a result
 DETACH_WAIT_S = 0.01  # how long close() waits for a busy worker before detaching it
+PLAN_DELAY_S = 0.5  # a stream serves on the default plan this long before the planner starts
 
 
 class PlanningCancelled(SchedulerError):
@@ -616,11 +617,14 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
            requests: Iterable[Mapping[str, Any]], *, stages: int | str | None,
            replicas: int | Sequence[int] | str | None, max_in_flight: int | None, timeout: float | None,
            check: Callable[[Any], dict], select: Callable[[dict], dict], register: Callable[[Pipeline], None],
-           plan_budget: float | None = None, background: bool = True) -> Iterator[dict[str, np.ndarray]]:
+           plan_budget: float | None = None, background: bool = True,
+           closed: Callable[[], bool] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """``Session.stream``: the compiled plan of the first request's signature (``lease`` keeps it
     open for the stream), its stage plan for this choice (planned once and kept), served through
     a new pipeline. With ``stages="auto"`` and no plan yet, the stream starts on the default
-    plan and the planner runs beside it (``background``) or first, within ``plan_budget``."""
+    plan and the planner runs beside it (``background``: from ``PLAN_DELAY_S`` into the stream, or
+    when it ends if sooner; it goes on after the stream ends, so the next stream finds the plan,
+    and stops when ``closed()``, the session's close) or first, within ``plan_budget``."""
     source = iter(requests)
     try:
         first = next(source)
@@ -644,10 +648,12 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
         register(pipeline)
         if pending is not None:
             def plan_then_switch() -> None:
+                pipeline._stop.wait(PLAN_DELAY_S)  # a short stream is served alone; a long one switches later
+                cancelled = closed if closed is not None else (lambda: False)
                 try:
                     measured = compiled.stage_plan(pending, lambda: plan_stages(
                         compiled, sample, stages=stages, replicas=replicas, budget=plan_budget,
-                        cancelled=pipeline._stop.is_set))
+                        cancelled=cancelled))
                 except PlanningCancelled:
                     return
                 except Exception as exc:  # noqa: BLE001 - the stream goes on with the default plan

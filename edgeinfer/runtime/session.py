@@ -305,7 +305,7 @@ class Session:
                                max_in_flight=max_in_flight, timeout=timeout, check=self._checker.check,
                                select=lambda results: self._select(results, outputs), register=self._register,
                                plan_budget=plan_budget if plan_budget is not None else self.plan_budget,
-                               background=plan == "background")
+                               background=plan == "background", closed=lambda: self._closed)
 
     def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = None,
                       replicas: int | Sequence[int] | str | None = None):
