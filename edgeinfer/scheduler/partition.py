@@ -220,11 +220,12 @@ def _parts(graph: Graph, placed: list[str], members: list[int], preds: list[set[
             if waiting[consumer] == 0:
                 heapq.heappush(ready, (by_group[consumer][0], consumer))
     parts = []
+    body_readers = graph.body_readers()
     for number, key in enumerate(ordered):
         nodes = by_group[key]
         backend = placed[nodes[0]]
         sub = graph.subgraph([graph.nodes[i] for i in nodes], name=f"{graph.name}_part{number}_{backend}",
-                             in_order=True)  # node indices ascend: graph order
+                             in_order=True, body_readers=body_readers)  # node indices ascend: graph order
         parts.append(Part(backend, nodes, sub))
     return parts
 
