@@ -59,6 +59,11 @@ class Executable(ABC):
         """Backend-specific facts about the last run (peak memory, fallback ops, timings)."""
         return {}
 
+    def close(self) -> None:
+        """Release the engine's compiled state (idempotent); the executable cannot run after.
+        The scheduler calls it on every executable it compiled once it is done with it."""
+        return None  # an engine holding nothing outside Python objects has nothing to release
+
 
 class Backend(ABC):
     name: str = "?"

@@ -303,6 +303,10 @@ class NumpyExecutable(Executable):
     def stats(self) -> dict[str, Any]:
         return {**self._last_stats, "fallback_ops": dict(self.fallback_ops)}
 
+    def close(self) -> None:
+        self.constants = {}  # folded and converted constants (the graph's own stay with the model)
+        self.steps = []
+
 
 def _thread_limiter(threads: int | None):
     """A context-manager factory for a run's threads (no-op if None): BLAS gets one thread and

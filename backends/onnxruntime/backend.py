@@ -104,6 +104,10 @@ class OnnxRuntimeExecutable(Executable):
                                f"{_first_line(exc)}") from exc
         return dict(zip(self.output_names, results, strict=True))
 
+    def close(self) -> None:
+        self.session = None  # the InferenceSession and its arena go with the last reference
+        self._external = []
+
     def stats(self) -> dict[str, Any]:
         options = self.session_options
         return {"providers": self.session.get_providers(),

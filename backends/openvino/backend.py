@@ -83,6 +83,12 @@ class OpenVinoExecutable(Executable):
                                 f" with inputs {shapes}") from exc
         return {name: results[port] for name, port in zip(self.output_names, self._ports, strict=True)}
 
+    def close(self) -> None:
+        self.compiled = None  # the compiled model, with the infer requests below
+        self._local = threading.local()
+        self._ports = []
+        self._buffers = []
+
     def property(self, name: str) -> Any:
         """A property of the compiled model (``INFERENCE_NUM_THREADS``, ``NUM_STREAMS`` ...)."""
         return self.compiled.get_property(name)

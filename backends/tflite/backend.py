@@ -88,6 +88,10 @@ class TFLiteExecutable(Executable):
     def stats(self) -> dict[str, Any]:
         return dict(self._facts)
 
+    def close(self) -> None:
+        self.interpreter = None  # before the buffer it reads the model from
+        self.flatbuffer = b""
+
 
 class TFLiteBackend(Backend):
     name = "tflite"

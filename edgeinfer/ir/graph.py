@@ -285,15 +285,34 @@ class Graph:
         return Counter((f"{n.domain}::{n.op_type}" if n.domain else n.op_type) for n in self.nodes)
 
     # -- partitions ---------------------------------------------------------------------------
-    def subgraph(self, nodes: Iterable[Node], name: str | None = None) -> Graph:
+    def body_readers(self) -> dict[str, list[Node]]:
+        """Value name -> the nodes whose bodies (subgraphs) read it from this scope."""
+        readers: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for name_ in set().union(*(sub.outer_names() for sub in node.subgraphs())):
+                readers.setdefault(name_, []).append(node)
+        return readers
+
+    def subgraph(self, nodes: Iterable[Node], name: str | None = None, *, in_order: bool = False,
+                 body_readers: Mapping[str, list[Node]] | None = None) -> Graph:
         """A self-contained graph of ``nodes`` (kept in this graph's order). Its inputs are
         the non-constant values read from outside, its outputs the values used outside it
-        (or graph outputs); initializers it reads are copied in (by reference)."""
-        chosen = {id(n) for n in nodes}
-        members = [n for n in self.nodes if id(n) in chosen]
+        (or graph outputs), a node's body (If, Loop) reading it counting as a use; initializers
+        it reads are copied in (by reference). ``in_order=True``: the caller gives nodes of this
+        graph already in its order, and ``body_readers`` (``body_readers()``, computed once) the
+        nodes whose bodies read each value: the partitioner does, which spares two scans of the
+        whole graph per subgraph."""
+        if in_order:
+            members = list(nodes)
+            chosen = {id(n) for n in members}
+        else:
+            chosen = {id(n) for n in nodes}
+            members = [n for n in self.nodes if id(n) in chosen]
         if len(members) != len(chosen):
             raise ModelValidationError("subgraph(): every node must belong to this graph")
         produced = {o for n in members for o in n.outputs if o}
+        if body_readers is None:
+            body_readers = self.body_readers()
         inputs: list[Value] = []
         inits: dict[str, np.ndarray] = {}
         seen: set[str] = set()
@@ -314,7 +333,8 @@ class Graph:
             for out in node.outputs:
                 if not out:
                     continue
-                used_outside = any(id(c) not in chosen for c, _ in self.values[out].uses)
+                used_outside = any(id(c) not in chosen for c, _ in self.values[out].uses) or any(
+                    id(c) not in chosen for c in body_readers.get(out, ()))
                 if used_outside or out in graph_outputs:
                     outputs.append(self.values[out].typed_like())
         infos = [self.values[o].typed_like() for o in produced if self.values[o].dtype is not None]

@@ -90,10 +90,11 @@ def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback
 
 
 def make_plan(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
-              branches: bool = False) -> Plan:
+              branches: bool = False, excluded: Mapping[int, Mapping[str, str]] | None = None) -> Plan:
     """Partition ``graph`` over ``backends`` (priority order). ``branches`` also cuts at forks
-    and joins, so the DAG executor can run independent branches at once."""
-    assignment = assign(graph, backends, pinned=pinned)
+    and joins, so the DAG executor can run independent branches at once. ``excluded``: see
+    ``partition.assign``."""
+    assignment = assign(graph, backends, pinned=pinned, excluded=excluded)
     parts = group(graph, assignment)
     if branches:
         parts = split_branches(graph, parts)
@@ -126,11 +127,16 @@ def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | Non
     ``busy_wait=False`` when other executables run on the same cores at the same time."""
     by_name = {b.name: b for b in backends}
     shares = _concurrency(plan.parts) if share_threads and threads else [0] * len(plan.parts)
-    compiled = []
-    for part, others in zip(plan.parts, shares):
-        part_threads = threads if not others else max(1, threads // min(others + 1, threads))
-        options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait)
-        compiled.append(CompiledPart(part, by_name[part.backend], options))
+    compiled: list[CompiledPart] = []
+    try:
+        for part, others in zip(plan.parts, shares):
+            part_threads = threads if not others else max(1, threads // min(others + 1, threads))
+            options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait)
+            compiled.append(CompiledPart(part, by_name[part.backend], options))
+    except BaseException:  # a part that fails to compile: close the ones compiled before it
+        for done in compiled:
+            done.close()
+        raise
     return compiled
 
 

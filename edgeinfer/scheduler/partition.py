@@ -4,20 +4,22 @@
    accepts it; the numpy reference (which runs everything ONNX defines) is always the last
    resort. The reasons the earlier backends gave are kept, so a plan can say why a node fell
    back.
-2. ``group``: nodes on the same backend are merged into maximal connected subgraphs without
-   creating a cycle between subgraphs. Each node gets a level, the smallest that is at least
-   its same-backend producers' level and above its other producers' level; every edge between
-   two groups then goes from a lower level to a higher one (or stays inside one backend's
-   level), so the groups (backend, level) form a DAG. Each group is split into its connected
-   components (nodes are connected by an edge or by reading the same value), and then any two
-   groups of one backend are merged while no path links them other than a direct edge (so the
-   merge keeps the DAG acyclic): the parts are maximal.
+2. ``group``: nodes on the same backend are merged into subgraphs without creating a cycle
+   between subgraphs. Each node gets a level, at least its same-backend producers' level and
+   above its other producers' level (the earliest such, then raised towards its consumers as
+   far as that allows); every edge between two groups then goes from a lower level to a
+   higher one (or stays inside one backend's level), so the groups (backend, level) form a DAG.
+   This is linear in the graph (a 5,000-node graph with 2,500 alternations partitions in well
+   under a second: benchmarks/bench_runtime.py). While few groups remain, any two groups of one
+   backend are then merged while no path links them other than a direct edge (so the merge
+   keeps the DAG acyclic): the parts are maximal.
 3. ``split_branches`` (for the DAG-parallel executor): each subgraph is cut further at forks
    and joins into chains, so independent branches become separate parts that can run at once.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -51,13 +53,16 @@ class Part:
         return self.graph.output_names
 
 
-def assign(graph: Graph, backends: Sequence[Backend], *,
-           pinned: Mapping[int, str] | None = None) -> Assignment:
+def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
+           excluded: Mapping[int, Mapping[str, str]] | None = None) -> Assignment:
     """Place every node on the first backend of ``backends`` that supports it.
 
     ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
-    a pinned backend that cannot run its node is a ``BackendError``.
+    a pinned backend that cannot run its node is a ``BackendError``. ``excluded`` (node index
+    -> {backend name: reason}) keeps nodes off backends that accepted them but then failed to
+    compile or run them (the runtime's re-partition); the reason is kept like a decline.
     """
+    excluded = excluded or {}
     by_name = {b.name: b for b in backends}
     placed: list[str] = []
     declined: dict[int, dict[str, str]] = {}
@@ -73,8 +78,9 @@ def assign(graph: Graph, backends: Sequence[Backend], *,
             placed.append(name)
             continue
         reasons: dict[str, str] = {}
+        barred = excluded.get(index, {})
         for backend in backends:
-            reason = backend.supports(node, graph)
+            reason = barred.get(backend.name) or backend.supports(node, graph)
             if reason is None:
                 placed.append(backend.name)
                 break
@@ -113,33 +119,41 @@ def _readers(graph: Graph) -> dict[str, list[int]]:
     return readers
 
 
+CONTRACT_LIMIT = 64  # groups up to which the exact (quadratic) merge pass runs after the level pass
+
+
+def levels(placed: Sequence[str], preds: list[set[int]], succs: list[set[int]]) -> list[int]:
+    """A level per node such that every edge p -> i has ``level[i] >= level[p]``, plus one when
+    the two are on different backends: the earliest such levels, then each node raised as far
+    towards its consumers as that allows (a node feeding only later same-backend work joins it)."""
+    count = len(placed)
+    level = [0] * count
+    for index in range(count):  # graph.nodes is topologically sorted
+        level[index] = max((level[p] + (placed[p] != placed[index]) for p in preds[index]), default=0)
+    for index in reversed(range(count)):
+        if succs[index]:
+            late = min(level[s] - (placed[s] != placed[index]) for s in succs[index])
+            if late > level[index]:
+                level[index] = late
+    return level
+
+
 def group(graph: Graph, assignment: Assignment) -> list[Part]:
-    """Maximal connected, cycle-free subgraphs of same-backend nodes, in a topological order."""
+    """Maximal cycle-free subgraphs of same-backend nodes, in a topological order.
+
+    Every (backend, level) class is one group: an edge between two groups goes from a lower
+    level to a higher one or stays inside one backend's level, so no merge of a class closes a
+    cycle (a path leaving a class through another backend cannot come back to its level). This
+    is linear in the graph. When few groups remain, an exact pass merges any two of one backend
+    that no path through a third part links (``_contract``)."""
     placed = assignment.backends
     preds, succs = _edges(graph)
-    level = [0] * len(graph.nodes)
-    for index in range(len(graph.nodes)):  # graph.nodes is topologically sorted
-        level[index] = max((level[p] + (placed[p] != placed[index]) for p in preds[index]), default=0)
-    # connected components of each (backend, level) class
-    owner = list(range(len(graph.nodes)))
-
-    def find(i: int) -> int:
-        while owner[i] != i:
-            owner[i] = owner[owner[i]]
-            i = owner[i]
-        return i
-
-    for index in range(len(graph.nodes)):
-        for p in preds[index]:
-            if placed[p] == placed[index] and level[p] == level[index]:
-                owner[find(p)] = find(index)
-    # nodes reading the same value are connected through it (siblings of a fork)
-    for readers in _readers(graph).values():
-        for a, b in zip(readers, readers[1:]):
-            if placed[a] == placed[b] and level[a] == level[b]:
-                owner[find(a)] = find(b)
-    groups = _contract(placed, preds, succs, [find(i) for i in range(len(graph.nodes))])
-    return _parts(graph, placed, groups)
+    level = levels(placed, preds, succs)
+    first_of: dict[tuple[str, int], int] = {}
+    members = [first_of.setdefault((placed[i], level[i]), i) for i in range(len(graph.nodes))]
+    if len(first_of) <= CONTRACT_LIMIT:
+        members = _contract(placed, preds, succs, members)
+    return _parts(graph, placed, members, preds)
 
 
 def _contract(placed: list[str], preds: list[set[int]], succs: list[set[int]], members: list[int]) -> list[int]:
@@ -181,26 +195,37 @@ def _other_path(group_succs: dict[int, set[int]], a: int, b: int) -> bool:
     return False
 
 
-def _parts(graph: Graph, placed: list[str], members: list[int]) -> list[Part]:
-    """Parts ordered so each comes after every part it reads from."""
+def _parts(graph: Graph, placed: list[str], members: list[int], preds: list[set[int]] | None = None) -> list[Part]:
+    """Parts ordered so each comes after every part it reads from (Kahn's algorithm over the
+    group graph, the group whose first node comes first taking the lead)."""
     by_group: dict[int, list[int]] = {}
     for index, key in enumerate(members):
         by_group.setdefault(key, []).append(index)
-    preds, _ = _edges(graph)
+    if preds is None:
+        preds, _ = _edges(graph)
     deps = {key: {members[p] for i in nodes for p in preds[i]} - {key} for key, nodes in by_group.items()}
+    waiting = {key: len(found) for key, found in deps.items()}
+    consumers: dict[int, list[int]] = {}
+    for key, found in deps.items():
+        for dep in found:
+            consumers.setdefault(dep, []).append(key)
+    ready = [(by_group[k][0], k) for k, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
     ordered: list[int] = []
-    done: set[int] = set()
-    pending = sorted(by_group, key=lambda k: by_group[k][0])
-    while pending:
-        ready = next(k for k in pending if deps[k] <= done)  # the group graph is acyclic
-        pending.remove(ready)
-        ordered.append(ready)
-        done.add(ready)
+    while ready:  # the group graph is acyclic: every group becomes ready
+        _, key = heapq.heappop(ready)
+        ordered.append(key)
+        for consumer in consumers.get(key, ()):
+            waiting[consumer] -= 1
+            if waiting[consumer] == 0:
+                heapq.heappush(ready, (by_group[consumer][0], consumer))
     parts = []
+    body_readers = graph.body_readers()
     for number, key in enumerate(ordered):
         nodes = by_group[key]
         backend = placed[nodes[0]]
-        sub = graph.subgraph([graph.nodes[i] for i in nodes], name=f"{graph.name}_part{number}_{backend}")
+        sub = graph.subgraph([graph.nodes[i] for i in nodes], name=f"{graph.name}_part{number}_{backend}",
+                             in_order=True, body_readers=body_readers)  # node indices ascend: graph order
         parts.append(Part(backend, nodes, sub))
     return parts
 

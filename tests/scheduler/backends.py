@@ -115,3 +115,31 @@ class RecordingBackend(Backend):
 
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         return _RecordingExecutable(graph, self.inner.compile(graph, options), self)
+
+
+class _BrokenAtRunExecutable(Executable):
+    def __init__(self, graph: Graph, inner: Executable, ops: set[str]):
+        super().__init__(graph)
+        self.inner, self.ops = inner, ops
+        self.thread_safe = inner.thread_safe
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        broken = sorted({n.op_type for n in self.graph.nodes} & self.ops)
+        if broken:
+            raise BackendError(f"broken engine: no kernel for {broken} at run time")
+        return self.inner.run(feeds)
+
+
+class BrokenAtRunBackend(Backend):
+    """Says it supports every op and compiles everything, then fails to run graphs holding any
+    of ``ops`` (as an engine whose schema check is looser than its kernels)."""
+
+    def __init__(self, name: str = "broken", ops: set[str] | None = None):
+        self.name, self.ops = name, set(ops or ())
+        self.inner = get_backend("numpy")
+
+    def supports(self, node: Node, graph: Graph) -> str | None:
+        return self.inner.supports(node, graph)
+
+    def compile(self, graph: Graph, options: CompileOptions) -> Executable:
+        return _BrokenAtRunExecutable(graph, self.inner.compile(graph, options), self.ops)

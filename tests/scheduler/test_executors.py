@@ -200,6 +200,7 @@ def test_failing_part_reaches_the_caller(executor):
     model = ei.convert(zoo.mlp_symbolic_batch(seed=1))
     engine = FaultyBackend("faulty")
     with ei.Session(model, backend=[engine, "numpy"], threads=2, executor=executor) as session:
+        session.run({"x": np.zeros((1, 32), np.float32)})  # a first run that fails would re-partition
         bad = np.full((1, 32), FAIL_MARK, np.float32)
         with pytest.raises(BackendError, match="refusing"):
             session.run({"x": bad})
@@ -242,11 +243,12 @@ def test_executor_auto_keeps_the_faster_of_sequential_and_dag(inception):
     proto, model = inception
     feeds = zoo.example_inputs(proto, seed=4)
     reference = ei.Session(model, backend="numpy").run(feeds)
-    with ei.Session(model, backend="onnxruntime", threads=2, executor="auto") as session:
+    with ei.Session(model, backend="onnxruntime", threads=2, executor="auto", example_feeds=feeds) as session:
         assert set(session.executor_ms) == {"sequential", "dag"}
         assert session.executor == min(session.executor_ms, key=session.executor_ms.get)
         assert (len(session.plan.parts) > 1) == (session.executor == "dag")
         assert_close(session.run(feeds)["logits"], reference["logits"], rtol=RTOL, atol=ATOL)
-    with ei.Session(ei.convert(zoo.mlp_symbolic_batch()), executor="auto") as chain:
+    chain_model = ei.convert(zoo.mlp_symbolic_batch())
+    with ei.Session(chain_model, executor="auto", example_feeds=chain_model.random_feeds()) as chain:
         assert chain.executor == "sequential" and chain.executor_ms == {}  # a chain has no branches
     assert not edgeinfer_threads()

@@ -185,3 +185,29 @@ def test_independent_subgraphs_on_one_backend_share_a_part():
     with ei.Session(model, backend=[RestrictedBackend("npu", {"Relu"}), "numpy"]) as session:
         assert len(session.plan.parts) == 2
         assert session.stats()["fallback_ops"] == {}  # every part's numpy fallbacks, added up
+
+
+def test_a_value_read_only_inside_another_parts_if_branch_is_that_parts_output():
+    """A value that only an If's branch body reads (not the If's inputs) must still leave the
+    part that makes it (re-partitioning moved such an If away from its producer)."""
+    from onnx import TensorProto, helper
+
+    then_branch = helper.make_graph([helper.make_node("Neg", ["c"], ["t"])], "then", [],
+                                    [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])])
+    else_branch = helper.make_graph([helper.make_node("Abs", ["c"], ["e"])], "else", [],
+                                    [helper.make_tensor_value_info("e", TensorProto.FLOAT, [4])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["c"]),
+         helper.make_node("If", ["flag"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+              helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    model = ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), optimize=0)
+    npu = RestrictedBackend("npu", {"Relu"})
+    backends = [npu, *make_backends(["numpy"])]
+    plan = make_plan(model.graph, backends)
+    assert [p.backend for p in plan.parts] == ["npu", "numpy"]
+    assert plan.parts[0].outputs == ["c"]
+    feeds = {"x": np.array([-1.0, 2.0, -3.0, 4.0], np.float32), "flag": np.array(True)}
+    got = build_executor(plan, backends, threads=1).run(feeds)
+    assert_close(got["y"], ei.Session(model).run(feeds)["y"])

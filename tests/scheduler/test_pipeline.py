@@ -150,22 +150,20 @@ def test_session_close_stops_open_streams(cnn):
             next(stream)
 
 
-def test_a_stream_resumed_after_close_raises_instead_of_waiting_on_a_full_queue(cnn):
-    """The intake puts requests on the first stage's queue; once the pipeline is closed no worker
-    empties it, so a resumed stream must raise rather than wait forever for room (a full-suite
-    run hung there when session.close() left the first queue full)."""
+def test_a_pipeline_closed_before_it_serves_raises_instead_of_waiting(cnn):
+    """A closed pipeline has no workers: serving on it must raise SchedulerError, not wait forever
+    (a full-suite run once hung when session.close() left a stream's pipeline unable to drain)."""
     import threading
 
     from edgeinfer.errors import SchedulerError
-    from edgeinfer.scheduler.pipeline import Pipeline
+    from edgeinfer.runtime.pipeline import Pipeline
 
     proto, model = cnn
     feeds = requests_for(proto, 2)
     with ei.Session(model, backend="onnxruntime", threads=2) as session:
         plan = session.pipeline_plan(feeds[0], stages=2, replicas=1)
         pipeline = Pipeline(plan, max_in_flight=1)
-        pipeline.close()  # its wake-up token fills the first queue (room for one): no room, no worker
-        assert pipeline._queues[0].full()
+        pipeline.close()
         raised: list[BaseException] = []
 
         def consume() -> None:
@@ -177,7 +175,7 @@ def test_a_stream_resumed_after_close_raises_instead_of_waiting_on_a_full_queue(
         consumer = threading.Thread(target=consume, daemon=True)
         consumer.start()
         consumer.join(timeout=10)
-        assert not consumer.is_alive(), "the resumed stream waited forever on a full queue"
+        assert not consumer.is_alive(), "the closed pipeline waited forever"
     assert len(raised) == 1 and isinstance(raised[0], SchedulerError)
     assert "closed" in str(raised[0])
 
@@ -294,10 +292,10 @@ def test_stages_overlap_on_different_threads_and_requests_run_one_at_a_time():
     requests = [{"x": np.full((1, 32), float(i), np.float32)} for i in range(8)]
     with ei.Session(model, backend=[engine, "numpy"], threads=2) as session:
         plan = session.pipeline_plan(requests[0], stages=2, replicas=1)
+        first, second = (stage.runner.graph.name for stage in plan.stages)
         engine.intervals.clear()
         outs = list(session.stream(requests, stages=2, replicas=1))
     assert [o["probs"].shape for o in outs] == [(1, 10)] * 8
-    first, second = (stage.runner.graph.name for stage in plan.stages)
     calls0 = sorted((s, e, t) for name, t, s, e in engine.intervals if name.startswith(first))
     calls1 = sorted((s, e, t) for name, t, s, e in engine.intervals if name.startswith(second))
     assert len(calls0) == len(calls1) == 8  # one call per request and stage: nothing batched
@@ -316,7 +314,8 @@ def test_with_a_slow_link_the_planner_cuts_where_activations_are_small():
     model = ei.convert(proto)
     feeds = zoo.example_inputs(proto, batch=8)
     with ei.Session(model, backend="onnxruntime", threads=2) as session:
-        plan = plan_stages(session, feeds, stages=2, replicas=1, measure=False, transfer_bytes_per_second=1e4)
+        plan = plan_stages(session.compiled_plan(feeds), feeds, stages=2, replicas=1, measure=False,
+                           transfer_bytes_per_second=1e4)
     cut = plan.stages[1].nodes.start
     cross = crossing_bytes(model.graph)
     assert cross[cut] == min(cross[1:])

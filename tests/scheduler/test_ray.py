@@ -19,6 +19,9 @@ from edgeinfer.errors import BackendError, SchedulerError
 
 ray = pytest.importorskip("ray")
 RTOL, ATOL = 1e-4, 1e-5
+# a fresh interpreter finds devkit/ (not installed) as pytest does (pythonpath = ["."])
+ROOT_ON_PATH = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])}
 HALF_CPU = {"num_cpus": 0.5}  # the test machine has 2 cores; actors share them
 
 
@@ -150,9 +153,50 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
         assert not ray.is_initialized()
         print("LEFT", [p.pid for p in alive])
     """)
-    root = str(Path(__file__).resolve().parents[2])  # devkit/ is not installed
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path, env=env)
+                          cwd=tmp_path, env=ROOT_ON_PATH)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LEFT []" in done.stdout, done.stdout
+
+
+def test_the_driver_compiles_no_stage_and_leaves_a_ray_it_did_not_start_running(local_ray, cnn, monkeypatch):
+    from edgeinfer.runtime import pipeline
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("the driver compiled a stage it hands to an actor")
+
+    monkeypatch.setattr(pipeline, "compile_parts", no_compiling)
+    model, pool, expected = cnn
+    with ei.Session(model, backend="onnxruntime", executor="ray", stages=2, replicas=1,
+                    stage_resources=HALF_CPU) as session:
+        for index, out in enumerate(session.stream(pool[:6])):
+            assert_close(out["logits"], expected[index], rtol=RTOL, atol=ATOL)
+        assert session.compiled_plans[None].runner is None  # no local copy of the model either
+    assert ray.is_initialized()  # the caller's Ray instance stays up
+
+
+def test_sessions_sharing_a_ray_instance_keep_it_until_the_last_one_closes(tmp_path):
+    """In a fresh interpreter: the first session starts Ray, a second one joins it; closing the
+    first must not kill the second's actors; the last one out shuts the instance down."""
+    script = textwrap.dedent("""
+        import ray
+        import edgeinfer as ei
+        from devkit import zoo
+        proto = zoo.mlp_symbolic_batch(seed=1)
+        feeds = zoo.example_inputs(proto)
+        options = dict(backend="onnxruntime", executor="ray", stages=1, replicas=1,
+                       stage_resources={"num_cpus": 0.5}, ray_options={"ray_init": {"num_cpus": 2}})
+        first = ei.Session(ei.convert(proto), **options)
+        assert len(list(first.stream([feeds] * 5))) == 5
+        second = ei.Session(ei.convert(proto), **options)
+        assert len(list(second.stream([feeds] * 5))) == 5
+        first.close()
+        assert ray.is_initialized()
+        assert len(list(second.stream([feeds] * 5))) == 5, "the second session lost its actors"
+        second.close()
+        print("SHUTDOWN", not ray.is_initialized())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=ROOT_ON_PATH)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SHUTDOWN True" in done.stdout, done.stdout

@@ -169,6 +169,8 @@ def test_other_backends_match_int64_math_where_they_run_the_op(backend, case, rn
         if backend == "tflite" and "take int8" in str(exc):
             pytest.xfail(TFLITE_UINT8_INPUT)
         raise
+    if backend == "tflite" and "take int8" in session.plan.describe():  # re-partitioned onto numpy: the plan says so
+        pytest.xfail(TFLITE_UINT8_INPUT)
     assert {part.backend for part in session.plan.parts} == {backend}
     got = session.run(feeds)["y"]
     if backend == "openvino":

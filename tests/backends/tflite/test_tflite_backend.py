@@ -57,11 +57,11 @@ def test_an_interpreter_moves_between_threads_and_streams_reuse_it(cnn):
         worker = threading.Thread(target=lambda: moved.append(session.executable.run(feeds)["logits"]))
         worker.start()
         worker.join()
+        first = session.executable  # close() closes it: look at it while the session is open
+        delegated = TFLiteExecutable(model.graph, first.interpreter, first.flatbuffer, {"delegate": "libgpu.so"})
+        assert delegated.thread_affine is True
     for got in [o["logits"] for o in outs] + moved:
         assert_close(got, expected, rtol=1e-4, atol=1e-5)
-    first = session.executable
-    delegated = TFLiteExecutable(model.graph, first.interpreter, first.flatbuffer, {"delegate": "libgpu.so"})
-    assert delegated.thread_affine is True
 
 
 @pytest.mark.parametrize("op_resolver", ["auto", "builtin", "reference"])

@@ -1,0 +1,260 @@
+"""``backend="auto"``: time the candidate placements on this device, keep the fastest, cache it.
+
+Candidates: each installed engine on its own (with numpy for what it cannot run), all of them
+in the default priority order when several are installed, and numpy alone. Each candidate is
+partitioned and compiled, then timed on feeds of one shape signature (the model's own shapes
+when they are static, else the caller's ``example_feeds`` or the first real request of that
+signature: never guessed dims) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
+them alike and no engine is timed beside another's spinning threads; the lowest median wins. A candidate more than 3x slower than the best after a
+first short round is dropped early (numpy on a big convolutional net).
+
+A candidate that fails to compile or to run is dropped with its reason. The choice is cached
+in a small JSON file keyed by the model's content hash, the shape signature, the device, the
+threads, the engine options and the versions of edgeinfer and every engine, so the next load
+of the same model here does not measure again. The cache lives in ``$EDGEINFER_CACHE_DIR`` or
+``~/.cache/edgeinfer`` (``cache=`` overrides it; ``cache=False`` turns it off); a corrupt cache
+file is ignored with a warning and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.backend import installed_backends
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.model import Model
+from edgeinfer.timing import time_engines
+
+log = logging.getLogger("edgeinfer.scheduler.auto")
+progress = logging.getLogger("edgeinfer.scheduler.auto.progress")  # one INFO line per step (edgeinfer run shows them)
+CACHE_FILE = "auto-backends.json"
+_ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu", "openvino", "ai-edge-litert",
+                         "tflite-runtime")
+_TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
+_DROP_FACTOR = 3.0
+_CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
+_WARM_S = 0.2  # untimed calls per candidate before timing, at most (a big model stops at one)
+
+
+@dataclass
+class AutoChoice:
+    backends: list[str]  # the winning priority list
+    median_ms: dict[str, float] = field(default_factory=dict)  # candidate -> median latency
+    skipped: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not timed
+    cached: bool = False
+    key: str = ""
+    # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
+    prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
+
+
+def candidates(installed: list[str]) -> list[list[str]]:
+    engines = [name for name in installed if name != "numpy"]
+    found = [[name, "numpy"] for name in engines]
+    if len(engines) > 1:
+        found.append([*engines, "numpy"])
+    found.append(["numpy"])
+    return found
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    for name in _ENGINE_DISTRIBUTIONS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def cache_key(model: Model, *, threads: int | None, device: str, fallback: bool,
+              options: Mapping[str, Any], signature: Any = "static") -> str:
+    facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads,
+             "device": device, "fallback": fallback,
+             "options": repr(sorted((k, sorted(dict(v).items())) for k, v in options.items())),
+             "versions": _versions(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_dir(cache: str | os.PathLike | bool | None) -> Path | None:
+    if cache is False:
+        return None
+    if cache not in (None, True):
+        return Path(cache)
+    env = os.environ.get("EDGEINFER_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "edgeinfer"
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("auto backend cache %s is unreadable (%s); measuring again", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached_choice(entry: Any, installed: list[str]) -> list[str] | None:
+    if not isinstance(entry, dict):
+        return None
+    names = entry.get("backends")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in installed for n in names):
+        return None
+    return names
+
+
+def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | None, device: str, fallback: bool,
+                    options: Mapping[str, Mapping[str, Any]], cache: str | os.PathLike | bool | None,
+                    signature: Any = "static") -> AutoChoice:
+    """The fastest candidate on ``feeds`` (real feeds of one ``signature``), from the disk cache
+    when this model, signature, machine and settings were measured before."""
+    installed = installed_backends()
+    key = cache_key(model, threads=threads, device=device, fallback=fallback, options=options,
+                    signature=signature)
+    folder = cache_dir(cache)
+    path = folder / CACHE_FILE if folder is not None else None
+    if path is not None:
+        hit = _cached_choice(_read_cache(path).get(key), installed)
+        if hit is not None:
+            return AutoChoice(hit, cached=True, key=key)
+    choice = measure(model, candidates(installed), feeds, threads=threads, device=device, fallback=fallback,
+                     options=options)
+    choice.key = key
+    if path is not None:
+        _write_cache(path, key, choice)
+    return choice
+
+
+def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_cache(path)
+        data[key] = {"backends": choice.backends, "median_ms": choice.median_ms}
+        atomic_write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode())
+    except (OSError, EdgeInferError) as exc:  # a cache that cannot be written only costs time later
+        log.warning("auto backend cache %s could not be written: %s", path, exc)
+
+
+def _warm(run: Callable[[], Any], calls: int = 20, seconds: float = _WARM_S) -> None:
+    """Untimed calls until ``calls`` are done or ``seconds`` have passed (at least one)."""
+    deadline = time.perf_counter() + seconds
+    for _ in range(calls):
+        run()
+        if time.perf_counter() >= deadline:
+            return
+
+
+def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
+            fallback: bool, options: Mapping[str, Mapping[str, Any]]) -> AutoChoice:
+    """Compile every candidate priority list, time them interleaved on ``feeds``, return the
+    fastest (with its compiled runner in ``prepared``: the caller owns and closes it)."""
+    from edgeinfer.scheduler import build_executor, make_backends, make_plan
+
+    feeds = dict(feeds)
+    runners: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    label_of: dict[str, list[str]] = {}
+    built: dict[str, tuple[Any, Any]] = {}
+    placements: dict[tuple, str] = {}
+    for index, names in enumerate(lists, 1):
+        label = ",".join(names)
+        progress.info("candidate %d/%d: %s (compile, warm-up)", index, len(lists), label)
+        runner = None
+        try:
+            backends = make_backends(names, device=device, fallback=fallback,
+                                     options={k: v for k, v in options.items() if k in names})
+            plan = make_plan(model.graph, backends)
+            placement = tuple((part.backend, tuple(part.nodes)) for part in plan.parts)
+            if placement in placements:
+                skipped[label] = f"places every node as {placements[placement]!r} does"
+                continue
+            placements[placement] = label
+            runner = build_executor(plan, backends, threads=threads)
+            runner.run(feeds)  # warm-up; also proves the candidate runs
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot compile or run is dropped
+            if runner is not None:
+                runner.close()
+            skipped[label] = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:300]
+            continue
+        runners[label], label_of[label], built[label] = runner, names, (backends, plan)
+    if not runners:
+        raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
+    for runner in runners.values():  # a fresh engine is slower for its first calls (allocation, JIT kernels)
+        _warm(lambda r=runner: r.run(feeds))
+    first = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=5, warmup=2)
+    best = min(statistics.median(t) for t in first.values())
+    for label, times in first.items():
+        if statistics.median(times) > _DROP_FACTOR * best and len(runners) > 1:
+            skipped[label] = f"{statistics.median(times) * 1000:.2f} ms in the first rounds, over " \
+                             f"{_DROP_FACTOR}x the best"
+            runners.pop(label).close()
+    progress.info("timing %s", ", ".join(f"{label} ({statistics.median(first[label]) * 1000:.3g} ms in the first rounds)"
+                                    for label in runners))
+    per_call = sum(statistics.median(first[label]) for label in runners)
+    calls = int(max(10, min(60, _TIME_BUDGET_S / max(per_call, 1e-6))))
+    times = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=calls)
+    ranked = sorted(times, key=lambda label: statistics.median(times[label]))
+    if len(ranked) > 1 and statistics.median(times[ranked[1]]) < _CLOSE * statistics.median(times[ranked[0]]):
+        # a near tie: time the two leaders again, so noise does not pick the slower one
+        again = time_engines({label: (lambda r=runners[label]: r.run(feeds)) for label in ranked[:2]}, calls=calls)
+        for label, samples in again.items():
+            times[label].extend(samples)
+    medians = {label: statistics.median(t) * 1000 for label, t in times.items()}
+    winner = min(medians, key=medians.get)
+    for label, runner in runners.items():
+        if label != winner:
+            runner.close()
+    log.info("backend='auto' timings (median ms): %s -> %s", medians, winner)
+    return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped,
+                      prepared=(*built[winner], runners[winner]))
+
+
+def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, threads: int | None,
+                    debug: bool = False, rounds: int = 10) -> tuple[str, Any, Any, dict[str, float]]:
+    """``executor="auto"``: build the sequential and the DAG-parallel runner, time them
+    interleaved on ``feeds`` (one signature's real feeds), keep the faster. Cutting a graph at its forks pays where
+    the engine leaves cores idle inside one branch (numpy), and can cost where it does not
+    (onnxruntime re-lays tensors out at every cut), so it is measured, not assumed.
+    Returns (executor name, plan, runner, median ms of each)."""
+    from edgeinfer.runtime.fallback import compile_runner
+
+    built = {}
+    excluded: dict[int, dict[str, str]] = {}  # parts that failed to compile, for both
+    try:
+        for name in ("sequential", "dag"):
+            built[name] = compile_runner(model.graph, backends, executor=name, threads=threads, debug=debug,
+                                         excluded=excluded)
+    except BaseException:
+        for _, runner in built.values():
+            runner.close()
+        raise
+    if len(built["dag"][0].parts) == len(built["sequential"][0].parts):  # nothing runs side by side
+        built.pop("dag")[1].close()
+        return "sequential", *built["sequential"], {}
+    feeds = dict(feeds)
+    progress.info("executor: timing sequential and dag")
+    times = time_engines({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
+                         calls=rounds, warmup=2)
+    medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    winner = min(medians, key=medians.get)
+    for name, (_, runner) in built.items():
+        if name != winner:
+            runner.close()
+    log.info("executor='auto' timings (median ms): %s -> %s", medians, winner)
+    return winner, *built[winner], medians

@@ -1,0 +1,371 @@
+"""Executors for single requests: sequential, and DAG-parallel over a thread pool.
+
+Both take compiled parts (``CompiledPart``: a subgraph and its backend's executable) in a
+topological order. Values crossing parts live in a per-request dict; nothing is shared
+between requests, so ``run`` may be called from many threads at once.
+
+The DAG executor is a dependency engine (MXNet's threaded engine, TBB's flow graph): each
+part counts the parts it waits for; a finished part decrements its consumers' counts and the
+ones reaching zero become ready. The calling thread works through its own request (as a TBB
+task arena's master thread does) and helpers join in at forks; a thread that finishes a part
+keeps one of the parts it made ready, so a chain of parts does not bounce between threads.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from edgeinfer.backend import Backend, CompileOptions, Executable
+from edgeinfer.errors import BackendError, SchedulerError
+from edgeinfer.ir import Graph
+
+if TYPE_CHECKING:
+    from edgeinfer.scheduler.partition import Part
+
+
+class PartCompileError(BackendError):
+    """A part's backend could not compile it (``part``: the part, ``cause``: the engine's error)."""
+
+    def __init__(self, part: Part, cause: BaseException):
+        super().__init__(f"{part.backend} could not compile {len(part.nodes)} node(s) of "
+                         f"{part.graph.name!r}: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
+        self.part = part
+        self.cause = cause
+
+
+def settle(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
+    """Complete ``future`` unless it is already done (closing and finishing may race)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+class CompiledPart:
+    """A part compiled on its backend. A thread-safe executable is shared. One that is not runs
+    one call at a time: if it may move between threads (``thread_affine=False``, a TFLite
+    interpreter on the CPU) the part lends idle copies to callers and compiles another only
+    when all are busy, so streams that come and go reuse them; if it is bound to the thread
+    that compiled it, each calling thread compiles its own, freed when the thread ends."""
+
+    def __init__(self, part: Part, backend: Backend, options: CompileOptions):
+        self.part = part
+        self.backend = backend
+        self.options = options
+        try:
+            first = backend.compile(part.graph, options)
+        except Exception as exc:  # noqa: BLE001 - the owner re-partitions or raises it
+            raise PartCompileError(part, exc) from exc
+        self.proven = False  # a run has succeeded: later failures belong to their request
+        self.failure: tuple[BaseException, dict[str, Any]] | None = None  # the first run's error, feeds
+        self._all: weakref.WeakSet[Executable] = weakref.WeakSet()  # every copy alive, to close
+        self._all.add(first)
+        self.closed = False
+        self.thread_safe = first.thread_safe
+        self.thread_affine = not first.thread_safe and first.thread_affine
+        self.first = first
+        self.compiled = 1  # executables compiled so far (the idle pool and thread-bound ones)
+        self._lock = threading.Lock()
+        self._idle: list[Executable] = [first]
+        self._local = threading.local()
+        self._local.executable = first
+        self.inputs = part.inputs
+        self.outputs = part.outputs
+
+    def executable(self) -> Executable:
+        """The executable this thread would run now (thread safe: the shared one)."""
+        if not self.thread_affine:  # thread safe, or lent to any thread
+            return self.first
+        return self._bound()
+
+    def _bound(self) -> Executable:
+        executable = getattr(self._local, "executable", None)
+        if executable is None:
+            executable = self._compile()
+            self._local.executable = executable
+        return executable
+
+    def _compile(self) -> Executable:
+        if self.closed:
+            raise SchedulerError(f"part {self.part.graph.name!r} is closed: its session or plan was closed")
+        executable = self.backend.compile(self.part.graph, self.options)
+        with self._lock:
+            self.compiled += 1
+            self._all.add(executable)
+        return executable
+
+    def run(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
+        feeds = {name: env[name] for name in self.inputs}
+        if self.proven:
+            return self._run(feeds)
+        try:
+            results = self._run(feeds)
+        except Exception as exc:
+            if not self.proven and self.failure is None:
+                self.failure = (exc, feeds)
+            raise
+        self.proven = True
+        return results
+
+    def close(self) -> None:
+        """Close every compiled copy (the shared one, idle ones, thread-bound ones still alive)."""
+        with self._lock:
+            self.closed = True
+            copies = list(self._all)
+            self._all = weakref.WeakSet()
+            self._idle = []
+        for executable in copies:
+            close = getattr(executable, "close", None)
+            if close is not None:
+                close()
+        self.first = None
+        self._local = threading.local()
+
+    def _run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self.closed:
+            raise SchedulerError(f"part {self.part.graph.name!r} is closed: its session or plan was closed")
+        if self.thread_safe:
+            return self.first.run(feeds)
+        if self.thread_affine:
+            return self._bound().run(feeds)
+        with self._lock:
+            executable = self._idle.pop() if self._idle else None
+        if executable is None:
+            executable = self._compile()
+        try:
+            return executable.run(feeds)
+        finally:
+            with self._lock:
+                self._idle.append(executable)
+
+
+class PlanRunner:
+    """What both executors share: the graph's boundary and the constants it outputs."""
+
+    def __init__(self, graph: Graph, parts: Sequence[CompiledPart]):
+        self.graph = graph
+        self.parts = list(parts)
+        self.output_names = graph.output_names
+        produced = {o for p in self.parts for o in p.outputs}
+        inits = graph.initializers
+        # an output that no part produces is a graph input or a constant
+        self.constant_outputs = {n: inits[n] for n in self.output_names if n not in produced and n in inits}
+
+    def _results(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {name: env[name] if name in env else self.constant_outputs[name] for name in self.output_names}
+
+    def close(self) -> None:
+        """Close every part's compiled executables (and, for the DAG executor, stop its threads)."""
+        self._close_parts()
+
+    def _close_parts(self) -> None:
+        for part in self.parts:
+            part.close()
+
+
+class SequentialExecutor(PlanRunner):
+    """Parts one after the other; each value is dropped after its last reader."""
+
+    def __init__(self, graph: Graph, parts: Sequence[CompiledPart]):
+        super().__init__(graph, parts)
+        keep = set(self.output_names)
+        last_reader: dict[str, int] = {}
+        for index, part in enumerate(self.parts):
+            for name in part.inputs:
+                last_reader[name] = index
+        self._free: list[list[str]] = [[] for _ in self.parts]
+        for name, index in last_reader.items():
+            if name not in keep:
+                self._free[index].append(name)
+        single = self.parts[0] if len(self.parts) == 1 else None
+        self._direct = single is not None and set(single.outputs) == set(self.output_names) and \
+            set(single.inputs) == set(graph.input_names) and not self.constant_outputs
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self._direct:  # one part that is the whole graph: no bookkeeping at all
+            results = self.parts[0].run(feeds)
+            return {name: results[name] for name in self.output_names}
+        env = dict(feeds)
+        for part, free in zip(self.parts, self._free):
+            env.update(part.run(env))
+            for name in free:
+                env.pop(name, None)
+        return self._results(env)
+
+
+class _Run:
+    """One request through the DAG: its values, what each part still waits for, how many parts
+    still read each value, the parts ready to run, and the first error. ``cond`` guards all of it."""
+
+    __slots__ = ("env", "pending", "readers", "remaining", "ready", "cond", "error")
+
+    def __init__(self, feeds: dict[str, Any], counts: list[int], roots: list[int], readers: dict[str, int]):
+        self.env = dict(feeds)
+        self.pending = list(counts)
+        self.readers = dict(readers)
+        self.remaining = len(counts)
+        self.ready: deque[int] = deque(roots)
+        self.cond = threading.Condition(threading.Lock())
+        self.error: BaseException | None = None
+
+
+class DagExecutor(PlanRunner):
+    """Independent parts run at the same time: the calling thread and ``workers - 1`` helpers.
+
+    The caller drives its own request: it runs ready parts itself and sleeps only while every
+    ready part is taken and the ones it waits for are still running. When a finished part makes
+    more than one part ready, the extra ones are offered to the helpers (one wake-up each);
+    a helper runs ready parts of that request until there are none, then goes back to waiting.
+    So a chain of parts never changes thread, a request with no branches costs no hand-off,
+    and a fork costs one wake-up. ``submit`` drives the request from a thread of its own."""
+
+    def __init__(self, graph: Graph, parts: Sequence[CompiledPart], workers: int):
+        super().__init__(graph, parts)
+        producer = {name: index for index, part in enumerate(self.parts) for name in part.outputs}
+        self._waits_for = [sorted({producer[n] for n in part.inputs if n in producer}) for part in self.parts]
+        self._consumers: list[list[int]] = [[] for _ in self.parts]
+        for index, deps in enumerate(self._waits_for):
+            for dep in deps:
+                self._consumers[dep].append(index)
+        self._counts = [len(deps) for deps in self._waits_for]
+        self._roots = [i for i, count in enumerate(self._counts) if count == 0]
+        # values dropped once the last part reading them is done (graph outputs are kept), so a
+        # request holds no more activations than the parts in flight need, as in SequentialExecutor
+        keep = set(self.output_names)
+        self._readers: dict[str, int] = {}
+        for part in self.parts:
+            for name in part.inputs:
+                if name not in keep:
+                    self._readers[name] = self._readers.get(name, 0) + 1
+        self.workers = workers
+        self._offers: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._helpers = [threading.Thread(target=self._serve, name=f"edgeinfer-dag-{i}", daemon=True)
+                         for i in range(workers - 1)]
+        for helper in self._helpers:
+            helper.start()
+        self._async: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._inflight: set[Future] = set()
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise SchedulerError("DAG executor: run after close(); create a new Session")
+        run = _Run(feeds, self._counts, self._roots, self._readers)
+        self._offer(run, len(run.ready) - 1)
+        self._drive(run, owner=True)
+        if run.error is not None:
+            raise run.error
+        return self._results(run.env)
+
+    def submit(self, feeds: dict[str, Any]) -> Future:
+        with self._lock:
+            if self._closed:
+                raise SchedulerError("DAG executor: submit after close(); create a new Session")
+            if self._async is None:
+                self._async = ThreadPoolExecutor(max_workers=max(1, self.workers - 1),
+                                                 thread_name_prefix="edgeinfer-dag-async")
+            future: Future = Future()
+            self._inflight.add(future)
+        future.add_done_callback(self._forget)
+        self._async.submit(self._run_into, future, feeds)
+        return future
+
+    def _run_into(self, future: Future, feeds: dict[str, Any]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            settle(future, result=self.run(feeds))
+        except BaseException as exc:  # reaches the caller through the future
+            settle(future, error=exc)
+
+    def _forget(self, future: Future) -> None:
+        with self._lock:
+            self._inflight.discard(future)
+
+    def _offer(self, run: _Run, count: int) -> None:
+        """Wake up to ``count`` helpers for ``run`` (a helper that finds nothing left returns)."""
+        for _ in range(min(count, len(self._helpers))):
+            self._offers.put(run)
+
+    def _serve(self) -> None:
+        while True:
+            run = self._offers.get()
+            if run is None:
+                return
+            self._drive(run, owner=False)
+
+    def _drive(self, run: _Run, *, owner: bool) -> None:
+        """Run ready parts of ``run`` until it is finished (the owner) or none is ready (a helper)."""
+        cond = run.cond
+        while True:
+            with cond:
+                while not run.ready:
+                    if not owner or run.remaining == 0 or run.error is not None:
+                        return
+                    cond.wait()
+                if run.error is not None:
+                    return
+                index = run.ready.popleft()
+            try:
+                results = self.parts[index].run(run.env)
+            except BaseException as exc:  # the owner raises it
+                with cond:
+                    if run.error is None:
+                        run.error = exc
+                    run.ready.clear()
+                    cond.notify_all()
+                return
+            with cond:
+                run.env.update(results)
+                for name in self.parts[index].inputs:
+                    left = run.readers.get(name)
+                    if left is not None:
+                        if left == 1:
+                            del run.readers[name]
+                            run.env.pop(name, None)
+                        else:
+                            run.readers[name] = left - 1
+                run.remaining -= 1
+                newly = 0
+                for consumer in self._consumers[index]:
+                    run.pending[consumer] -= 1
+                    if run.pending[consumer] == 0:
+                        run.ready.append(consumer)
+                        newly += 1
+                if newly or run.remaining == 0:
+                    cond.notify_all()  # the owner may be waiting for these
+                extra = len(run.ready) - 1  # this thread takes one of them next
+            if extra > 0:
+                self._offer(run, extra)
+
+    def close(self) -> None:
+        """Stop the helpers once their current part is done. A run in progress finishes on its
+        caller's thread; async requests not started yet fail with ``SchedulerError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool = self._async
+        for _ in self._helpers:
+            self._offers.put(None)
+        for helper in self._helpers:
+            helper.join()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            left = list(self._inflight)
+        for future in left:
+            settle(future, error=SchedulerError("DAG executor closed before the request ran"))
+        self._close_parts()

@@ -1,0 +1,152 @@
+"""Feeds and shape signatures.
+
+``FeedChecker`` checks feeds against the model's declared inputs before anything runs:
+unknown or missing names, wrong rank, a fixed dim that differs, a symbolic dim (``"N"``)
+bound to two different sizes, and a wrong dtype each raise ``InputError`` quoting what was
+expected and what was given.
+
+A ``Signature`` is what a compiled plan depends on: each symbolic dim bound to its value
+(``height=480, width=640``), optionally bucketed (``buckets={"height": [320, 640]}`` files 480
+under ``height<=640``), so that everything measured for one shape (auto's choice, the executor,
+stage plans) is reused for requests of the same signature and decided again for another.
+A model whose inputs are all static has one signature, ``static``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.errors import InputError
+from edgeinfer.ir import dtypes
+from edgeinfer.model import TensorInfo
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Symbol -> value (or bucket label), sorted by symbol."""
+
+    dims: tuple[tuple[str, int | str], ...] = ()
+
+    def __str__(self) -> str:
+        return ",".join(f"{name}={value}" for name, value in self.dims) or "static"
+
+
+STATIC = Signature()
+
+
+def is_static(inputs: Sequence[TensorInfo]) -> bool:
+    """Every input a tensor whose dims are all known integers."""
+    return all(info.shape is not None and dtypes.is_tensor_type(info.dtype)
+               and all(isinstance(d, int) for d in info.shape) for info in inputs)
+
+
+def check_buckets(buckets: Mapping[str, Sequence[int]] | None) -> dict[str, list[int]]:
+    checked: dict[str, list[int]] = {}
+    for name, edges in dict(buckets or {}).items():
+        if not isinstance(name, str) or isinstance(edges, (str, bytes)) or not all(
+                isinstance(e, int) and e > 0 for e in edges) or not edges:
+            raise InputError(f"buckets: expected symbol name -> list of positive ints, got {name!r}: {edges!r}")
+        checked[name] = sorted(edges)
+    return checked
+
+
+def _bucket(value: int, edges: list[int]) -> int | str:
+    for edge in edges:
+        if value <= edge:
+            return f"<={edge}"
+    return f">{edges[-1]}"
+
+
+class FeedChecker:
+    """Checks feeds against ``inputs`` and names their signature."""
+
+    def __init__(self, inputs: Sequence[TensorInfo], buckets: Mapping[str, Sequence[int]] | None = None):
+        self.inputs = list(inputs)
+        self.expected = {t.name: t for t in self.inputs}
+        self.np_dtypes = {t.name: _feed_dtype(t.dtype) for t in self.inputs}
+        self.buckets = check_buckets(buckets)
+        # (input, axis, symbol) of every dim a signature binds: named symbols and unnamed dims
+        self._symbolic = [(t.name, axis, d if isinstance(d, str) else f"{t.name}[{axis}]")
+                          for t in self.inputs if t.shape is not None and dtypes.is_tensor_type(t.dtype)
+                          for axis, d in enumerate(t.shape) if not isinstance(d, int)]
+        self.static = is_static(self.inputs)
+
+    def signature(self, checked: Mapping[str, Any]) -> Signature:
+        """The signature of checked feeds (``check`` has made the symbols consistent)."""
+        if not self._symbolic:
+            return STATIC
+        bound: dict[str, int | str] = {}
+        for name, axis, symbol in self._symbolic:
+            value = checked[name]
+            if isinstance(value, np.ndarray) and symbol not in bound:
+                size = int(value.shape[axis])
+                edges = self.buckets.get(symbol)
+                bound[symbol] = _bucket(size, edges) if edges else size
+        return Signature(tuple(sorted(bound.items())))
+
+    def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds: expected a dict of input name -> array, got {type(feeds).__name__}")
+        expected = self.expected
+        unknown = [k for k in feeds if k not in expected]
+        missing = [k for k in expected if k not in feeds]
+        if unknown or missing:
+            raise InputError(f"feeds: expected inputs {list(expected)}, got {list(feeds)}"
+                             + (f" (unknown: {unknown})" if unknown else "")
+                             + (f" (missing: {missing})" if missing else ""))
+        bound: dict[str, tuple[int, str]] = {}
+        checked = {}
+        for name, info in expected.items():
+            array = feeds[name]
+            if info.dtype is not None and not dtypes.is_tensor_type(info.dtype):
+                checked[name] = _check_container(name, info.dtype, array)
+                continue
+            if not isinstance(array, np.ndarray):
+                array = np.asarray(array)
+            want = self.np_dtypes[name]
+            if want is not None and array.dtype != want and not (want.kind == "O" and array.dtype.kind in "OUS"):
+                raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {array.dtype}")
+            if info.shape is not None:
+                _check_shape(name, info.shape, array.shape, bound)
+            checked[name] = array
+        return checked
+
+
+def _check_container(name: str, dtype: str, value: Any) -> Any:
+    """Sequence inputs take a list of arrays; optional inputs also take None."""
+    if dtype.startswith("optional(") and value is None:
+        return None
+    inner = dtype[dtype.index("(") + 1:-1]
+    if dtype.startswith("optional("):
+        return _check_container(name, inner, value) if not dtypes.is_tensor_type(inner) else np.asarray(value)
+    if not isinstance(value, (list, tuple)):
+        raise InputError(f"input {name!r}: expected a list of arrays ({dtype}), got {type(value).__name__}")
+    return [np.asarray(item) for item in value]
+
+
+def _feed_dtype(name: str | None):
+    if name is None or not dtypes.is_tensor_type(name):
+        return None
+    return dtypes.numpy_dtype(name)
+
+
+def _check_shape(name: str, expected: tuple, got: tuple, bound: dict[str, tuple[int, str]]) -> None:
+    def show(shape) -> str:
+        return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+    if len(expected) != len(got):
+        raise InputError(f"input {name!r}: expected rank {len(expected)} shape {show(expected)}, "
+                         f"got rank {len(got)} shape {show(got)}")
+    for axis, (want, have) in enumerate(zip(expected, got)):
+        if isinstance(want, int) and want != have:
+            raise InputError(f"input {name!r}: expected shape {show(expected)}, got {show(got)} "
+                             f"(dim {axis} must be {want})")
+        if isinstance(want, str):
+            previous = bound.setdefault(want, (have, name))
+            if previous[0] != have:
+                raise InputError(f"input {name!r}: dim {axis} is symbol {want!r} = {have}, but input "
+                                 f"{previous[1]!r} bound {want!r} = {previous[0]}")

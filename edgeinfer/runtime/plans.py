@@ -1,0 +1,302 @@
+"""Compiled plans, one per shape signature, and the bounded cache that owns them.
+
+A ``CompiledPlan`` is everything compiled or measured for one signature: the backends, the
+partition (``Plan``), the executor running it, auto's choice and the executor choice, and the
+stream stage plans planned for it. It owns them: ``close()`` closes every compiled object it
+holds (parts, replicas, stage plans), so nothing compiled stays alive once it is gone.
+
+``PlanCache`` is a locked, bounded LRU of such owners. Two threads asking for the same
+missing key build it once (the second waits); an entry pushed out is *retired*: closed at once
+if nobody is using it, else when its last user releases it (a stream or a run in progress
+keeps what it runs on).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.errors import SchedulerError
+from edgeinfer.ir import Graph
+from edgeinfer.runtime.feeds import Signature
+
+log = logging.getLogger("edgeinfer.runtime.plans")
+
+
+class Owned:
+    """Something that closes what it compiled, once nobody uses it: ``acquire``/``release``
+    around each use, ``retire`` when it should go (it closes when the last user is done)."""
+
+    def __init__(self) -> None:
+        self._owner_lock = threading.Lock()
+        self._users = 0
+        self._retired = False
+        self.closed = False
+
+    def acquire(self) -> None:
+        with self._owner_lock:
+            if self.closed:
+                raise SchedulerError(f"{type(self).__name__} is closed: expected an open one")
+            self._users += 1
+
+    def release(self) -> None:
+        with self._owner_lock:
+            self._users -= 1
+            now = self._retired and self._users == 0 and not self.closed
+        if now:
+            self.close()
+
+    def retire(self) -> None:
+        with self._owner_lock:
+            self._retired = True
+            now = self._users == 0 and not self.closed
+        if now:
+            self.close()
+
+    def close(self) -> None:
+        with self._owner_lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._close()
+
+    def _close(self) -> None:
+        """Close what this owner compiled (subclasses)."""
+
+
+def retire(value: Any) -> None:
+    if isinstance(value, Owned):
+        value.retire()
+    elif hasattr(value, "close"):
+        value.close()
+
+
+class PlanCache:
+    """A locked, bounded LRU of owners; evicted ones are retired (closed when unused)."""
+
+    def __init__(self, capacity: int = 8):
+        if not isinstance(capacity, int) or capacity < 1:
+            raise SchedulerError(f"plan cache capacity {capacity!r}: expected a positive integer")
+        self.capacity = capacity
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._building: dict[Hashable, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.built = 0  # entries built so far
+        self.evicted: list[Hashable] = []  # keys pushed out, oldest first
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return list(self._entries)
+
+    def values(self) -> list[Any]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def peek(self, key: Hashable) -> Any:
+        with self._lock:
+            return self._entries.get(key)
+
+    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for ``key``, built by ``build()`` the first time (once, whoever asks)."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise SchedulerError("plan cache is closed")
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                    return self._entries[key]
+                pending = self._building.get(key)
+                if pending is None:
+                    pending = self._building[key] = threading.Event()
+                    break
+            pending.wait()  # another thread builds it; then look again (it may have failed)
+        try:
+            value = build()
+        except BaseException:
+            with self._lock:
+                del self._building[key]
+            pending.set()
+            raise
+        evicted = []
+        with self._lock:
+            del self._building[key]
+            if self._closed:
+                evicted.append(value)
+            else:
+                self._entries[key] = value
+                self.built += 1
+                while len(self._entries) > self.capacity:
+                    old_key, old = self._entries.popitem(last=False)
+                    self.evicted.append(old_key)
+                    evicted.append(old)
+        pending.set()
+        for old in evicted:
+            retire(old)
+        if self._closed:
+            raise SchedulerError("plan cache closed while a plan was being built")
+        return value
+
+    @contextmanager
+    def lease(self, key: Hashable, build: Callable[[], Any]):
+        """``with cache.lease(key, build) as value``: the entry, kept open while in use."""
+        while True:
+            value = self.get(key, build)
+            try:
+                value.acquire()
+            except SchedulerError:  # evicted and closed between get and acquire: build again
+                if self._closed:
+                    raise
+                continue
+            break
+        try:
+            yield value
+        finally:
+            value.release()
+
+    def close(self) -> None:
+        """Retire every entry (each closes once its users are done)."""
+        with self._lock:
+            self._closed = True
+            entries = list(self._entries.values())
+            self._entries.clear()
+        for value in entries:
+            retire(value)
+
+
+@dataclass
+class EngineSettings:
+    """What a session asks of its plans (everything but the shapes)."""
+
+    backend: Any  # "auto", a name, a Backend, or a priority list
+    executor: str  # sequential | dag | auto | ray
+    threads: int | None = None
+    device: str = "cpu"
+    fallback: bool = False
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    debug: bool = False
+    cache: Any = None  # auto's disk cache folder (None: the default, False: off)
+    plan_cache_size: int = 8
+
+    @property
+    def per_signature(self) -> bool:
+        """Whether anything is measured, so each signature decides on its own."""
+        return self.backend == "auto" or self.executor == "auto"
+
+
+class CompiledPlan(Owned):
+    """One signature's backends, partition, executor and stream plans; closes all of them."""
+
+    def __init__(self, signature: Signature | None, settings: EngineSettings, graph: Graph, backends: list,
+                 plan: Any, runner: Any, executor: str, *, executor_ms: Mapping[str, float] | None = None,
+                 auto_choice: Any = None):
+        super().__init__()
+        self.signature = signature  # None: one plan serves every signature
+        self.settings = settings
+        self.graph = graph
+        self.backends = backends
+        self.plan = plan
+        self.runner = runner  # None with executor="ray" (the actors run the stages)
+        self.executor = executor
+        self.executor_ms = dict(executor_ms or {})
+        self.auto_choice = auto_choice
+        self.stage_plans = PlanCache(settings.plan_cache_size)
+        self.repartitions: list[str] = []  # what moved to another backend, and why
+        self.excluded: dict[int, dict[str, str]] = {}  # node -> {backend: why it failed there}
+        self.proven = False  # every part has run once (no re-partition is due any more)
+        self.proving = threading.Lock()
+
+    @property
+    def threads(self) -> int | None:
+        return self.settings.threads
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        from edgeinfer.runtime.fallback import run_proving
+
+        if self.runner is None:
+            raise SchedulerError("this plan has no local runner (executor='ray' runs on its actors)")
+        return run_proving(self, feeds)
+
+    def stage_plan(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        return self.stage_plans.get(key, build)
+
+    def describe(self) -> str:
+        text = self.plan.describe()
+        if self.repartitions:
+            text += "\nre-partitioned:\n" + "\n".join(f"  {line}" for line in self.repartitions)
+        return text
+
+    def _close(self) -> None:
+        self.stage_plans.close()
+        if self.runner is not None:
+            self.runner.close()
+
+
+def build_plan(model: Any, settings: EngineSettings, signature: Signature | None,
+               feeds: Mapping[str, Any] | None) -> CompiledPlan:
+    """Decide and compile the plan of one signature: ``backend="auto"`` and ``executor="auto"``
+    are measured on ``feeds`` (real feeds of that signature); otherwise nothing depends on the
+    shapes and ``signature`` is None. What auto compiled while measuring is reused when it is
+    what this plan runs, and closed otherwise (never two compiled models alive for one plan)."""
+    from edgeinfer import scheduler
+    from edgeinfer.runtime.fallback import compile_runner
+
+    graph = model.graph
+    executor = settings.executor
+    local = "sequential" if executor == "ray" else executor  # Ray: the actors compile the stages
+    auto_choice = None
+    if settings.backend == "auto":
+        from edgeinfer.runtime.auto import choose_backends
+
+        auto_choice = choose_backends(model, feeds, threads=settings.threads, device=settings.device,
+                                      fallback=settings.fallback, options=settings.options, cache=settings.cache,
+                                      signature=signature)
+        names = auto_choice.backends
+        prepared, auto_choice.prepared = auto_choice.prepared, None
+        if prepared is not None:
+            if local == "sequential" and not settings.debug:
+                backends, plan, runner = prepared  # compiled while measuring
+                return CompiledPlan(signature, settings, graph, backends, plan, _local(runner, executor), executor,
+                                    auto_choice=auto_choice)
+            prepared[2].close()
+    else:
+        names = scheduler.backend_priority(settings.backend)
+    backends = scheduler.make_backends(names, device=settings.device, fallback=settings.fallback,
+                                       options=settings.options)
+    executor_ms: dict[str, float] = {}
+    notes: list[str] = []
+    excluded: dict[int, dict[str, str]] = {}
+    if executor == "auto":
+        from edgeinfer.runtime.auto import choose_executor
+
+        executor, plan, runner, executor_ms = choose_executor(model, backends, feeds, threads=settings.threads,
+                                                              debug=settings.debug)
+    elif executor == "ray":
+        plan, runner = scheduler.make_plan(graph, backends), None
+    else:
+        plan, runner = compile_runner(graph, backends, executor=local, threads=settings.threads,
+                                      debug=settings.debug, excluded=excluded, notes=notes)
+    compiled = CompiledPlan(signature, settings, graph, backends, plan, runner, executor,
+                            executor_ms=executor_ms, auto_choice=auto_choice)
+    compiled.repartitions.extend(notes)
+    compiled.excluded = excluded
+    return compiled
+
+
+def _local(runner: Any, executor: str) -> Any:
+    """With Ray no local runner is kept (the actors compile and run the stages)."""
+    if executor == "ray":
+        runner.close()
+        return None
+    return runner

@@ -1,0 +1,465 @@
+"""``Session``: compile a model once per shape signature on a backend, then run it many times.
+
+The facade only checks feeds (``feeds.FeedChecker``), finds the compiled plan of their shape
+signature in its plan cache (``plans.PlanCache``; built by ``plans.build_plan``), and hands the
+plan to an executor (sequential, DAG, pipeline, Ray). It owns everything compiled: ``close()``
+closes every plan, part, replica and stage plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import numpy as np
+
+from edgeinfer.backend import Executable, check_device
+from edgeinfer.errors import BackendError, InputError, SchedulerError
+from edgeinfer.model import Model, TensorInfo
+from edgeinfer.runtime.executors import DagExecutor
+from edgeinfer.runtime.feeds import FeedChecker, Signature
+from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
+
+log = logging.getLogger("edgeinfer.session")
+JOIN_DETACHED_S = 60.0  # how long close() waits for a worker a timeout detached
+
+
+class Session:
+    """A model compiled for this device, ready to serve requests.
+
+    ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``), a list in
+    priority order (each node goes to the first that can run it; numpy runs the rest), or
+    ``"auto"`` (time the candidate placements here and keep the fastest; the choice is cached
+    per shape signature). A ``Backend`` object may stand in a list for a name (an engine of your own).
+    ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
+    ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
+    ``executor``: ``"sequential"``, ``"dag"`` (independent branches at once), ``"auto"`` (time
+    both here, keep the faster: cutting at forks helps some engines and costs others) or ``"ray"`` (each
+    pipeline stage a Ray actor; ``address=None`` starts a local Ray instance, or give
+    ``"ray://host:port"`` / ``"auto"``; ``stage_resources`` is one dict of Ray actor resources
+    (``num_cpus``, ``num_gpus``, ``resources={"npu": 1}``) for every stage or a list of them;
+    ``ray_options`` takes ``transfer_bytes_per_second``, ``max_restarts`` and ``ray_init``).
+    ``stages`` / ``replicas``: the pipeline shape ``stream`` uses by default (and Ray always).
+    Engine options go to a single backend as keywords, or as ``backend_options={name: {...}}``.
+
+    What is measured (``backend="auto"``, ``executor="auto"``, stream plans) is decided per
+    shape signature (each symbolic dim bound to its value; ``buckets={"height": [320, 640]}``
+    groups values): at construction when every input is static or ``example_feeds`` are given,
+    else on the first real request of each signature. ``plan_cache_size`` signatures are kept
+    compiled; the least recently used is closed beyond that.
+
+    ``run`` may be called from many threads at once; ``run_async`` returns a future;
+    ``stream`` pipelines an iterable of requests over stages. ``close()`` (or ``with``) stops
+    every worker thread and closes everything compiled.
+    """
+
+    def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy",
+                 threads: int | None = None, *, device: str = "cpu", fallback: bool = False,
+                 executor: str = "sequential", debug: bool | None = None,
+                 backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+                 cache: str | os.PathLike | bool | None = None, stages: int | str | None = "auto",
+                 replicas: int | Sequence[int] | str | None = "auto", address: str | None = None,
+                 stage_resources: Any = None, ray_options: Mapping[str, Any] | None = None,
+                 example_feeds: Mapping[str, Any] | None = None,
+                 buckets: Mapping[str, Sequence[int]] | None = None, plan_cache_size: int = 8,
+                 plan_budget: float | None = None, **engine_options: Any):
+        from edgeinfer import scheduler
+        from edgeinfer.runtime.pipeline import check_choice
+
+        if not isinstance(model, Model):
+            from edgeinfer.api import load_any
+
+            model = load_any(model)
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise BackendError(f"threads must be a positive integer, got {threads!r}")
+        self.model = model
+        self.threads = threads
+        self.device = check_device(device)
+        self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if debug is None else debug
+        options = dict(backend_options or {})
+        if engine_options:
+            if not isinstance(backend, str) or backend == "auto":
+                raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
+                                   f"{backend!r} give backend_options={{name: {{...}}}}")
+            options[backend] = {**options.get(backend, {}), **engine_options}
+        self.backend_options = options
+        self.fallback = fallback
+        if executor not in (*scheduler.EXECUTORS, "auto", "ray"):
+            raise BackendError(f"executor {executor!r}: expected one of {', '.join(scheduler.EXECUTORS)}, auto, ray")
+        check_choice(stages, replicas)
+        if plan_budget is not None and (not isinstance(plan_budget, (int, float)) or plan_budget <= 0):
+            raise BackendError(f"plan_budget {plan_budget!r}: expected a positive number of seconds")
+        self.stages, self.replicas, self.plan_budget = stages, replicas, plan_budget
+        self._ray_settings = None
+        if executor == "ray":
+            from edgeinfer.runtime.ray import import_ray, ray_settings
+
+            import_ray()  # a clear error now if Ray is missing
+            self._ray_settings = ray_settings(address, stage_resources, ray_options)
+            if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
+                raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
+        if backend != "auto":
+            names = scheduler.backend_priority(backend)  # a bad list is an error now
+            self.backend_name = backend if isinstance(backend, str) else ",".join(
+                n if isinstance(n, str) else n.name for n in names)
+        else:
+            self.backend_name = "auto"
+        self._settings = EngineSettings(backend, executor, threads, self.device, fallback, options, self.debug,
+                                        cache, plan_cache_size)
+        self._checker = FeedChecker(model.inputs, buckets)
+        self._inputs = model.inputs
+        self.plan_cache = PlanCache(plan_cache_size)  # CompiledPlan per signature (auto decisions)
+        self._single: CompiledPlan | None = None  # the one plan when nothing depends on shapes
+        self._current: CompiledPlan | None = None  # the plan used last
+        self._async_pool: ThreadPoolExecutor | None = None
+        self._streams: weakref.WeakSet = weakref.WeakSet()
+        self._detached: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._ray = None  # the RayPipeline, made on the first request
+        self._closed = False
+        self._example = self._checker.check(example_feeds) if example_feeds is not None else None
+        if not self._settings.per_signature:
+            self._single = self._current = build_plan(model, self._settings, None, None)
+        else:
+            sample = self._example if self._example is not None else (
+                model.random_feeds() if self._checker.static else None)
+            if sample is not None:
+                self._plan_for(sample)
+
+    # -- plans --------------------------------------------------------------------------------
+    def signature(self, feeds: Mapping[str, Any]) -> Signature:
+        """The shape signature of ``feeds`` (each symbolic dim bound to its value, bucketed)."""
+        return self._checker.signature(self._checker.check(feeds))
+
+    def _build(self, signature: Signature, checked: dict[str, Any]) -> Callable[[], CompiledPlan]:
+        def build() -> CompiledPlan:
+            self._check_open()
+            return build_plan(self.model, self._settings, signature, checked)
+        return build
+
+    def _plan_for(self, checked: dict[str, Any]) -> CompiledPlan:
+        if self._single is not None:
+            return self._single
+        signature = self._checker.signature(checked)
+        plan = self.plan_cache.get(signature, self._build(signature, checked))
+        self._current = plan
+        return plan
+
+    def _lease(self, checked: dict[str, Any]):
+        """A context manager holding the plan of ``checked``'s signature open while in use."""
+        if self._single is not None:
+            return nullcontext(self._single)
+        signature = self._checker.signature(checked)
+        return self._leased(signature, checked)
+
+    @contextmanager
+    def _leased(self, signature: Signature, checked: dict[str, Any]):
+        with self.plan_cache.lease(signature, self._build(signature, checked)) as plan:
+            self._current = plan
+            yield plan
+
+    def _now(self) -> CompiledPlan:
+        plan = self._current  # still readable after close() (the partition; its executables are closed)
+        if plan is None:
+            raise SchedulerError("no plan yet: with symbolic input dims, backend='auto' and executor='auto' decide "
+                                 "on the first run with real shapes (or give Session(..., example_feeds=...))")
+        return plan
+
+    def compiled_plan(self, feeds: Mapping[str, Any]) -> CompiledPlan:
+        """The compiled plan that serves requests like ``feeds`` (decided now if it is not yet)."""
+        self._check_open()
+        return self._plan_for(self._checker.check(feeds))
+
+    @property
+    def compiled_plans(self) -> dict[Signature | None, CompiledPlan]:
+        """The compiled plans held now, by signature (None: one plan serves every signature)."""
+        if self._single is not None:
+            return {None: self._single}
+        return {plan.signature: plan for plan in self.plan_cache.values()}
+
+    @property
+    def plan(self):
+        """The partition of the plan used last: which subgraph runs where, and why."""
+        return self._now().plan
+
+    @property
+    def backends(self) -> list:
+        return self._now().backends
+
+    @property
+    def _runner(self):
+        return self._now().runner
+
+    @property
+    def auto_choice(self):
+        """``backend="auto"``'s choice for the signature used last (None before it is made)."""
+        plan = self._current
+        return plan.auto_choice if plan is not None else None
+
+    @property
+    def executor(self) -> str:
+        """With ``executor="auto"``: the one measured faster for the signature used last."""
+        plan = self._current
+        return plan.executor if plan is not None else self._settings.executor
+
+    @property
+    def executor_ms(self) -> dict[str, float]:
+        plan = self._current
+        return plan.executor_ms if plan is not None else {}
+
+    @property
+    def stage_plans(self) -> dict[Any, Any]:
+        """Every stream plan held now, by (stages, replicas, signature)."""
+        found = {}
+        for plan in self.compiled_plans.values():
+            for key in plan.stage_plans.keys():
+                found[key] = plan.stage_plans.peek(key)
+        return found
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return list(self._inputs)
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return self.model.outputs
+
+    @property
+    def executable(self) -> Executable | None:
+        """The backend executable when the whole model is one part, else None (see ``plan``)."""
+        parts = self._runner.parts
+        return parts[0].executable() if len(parts) == 1 else None
+
+    # -- serving ------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Run once. ``feeds`` maps input name -> array; returns output name -> array."""
+        self._check_open()
+        return self._select(self._run_checked(self._checker.check(feeds)), outputs)
+
+    def _run_checked(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
+        if self._ray_settings is not None:
+            return next(iter(self._ray_pipeline(checked).serve([checked])))
+        single = self._single
+        if single is not None:
+            return single.run(checked)
+        with self._lease(checked) as plan:
+            return plan.run(checked)
+
+    def run_async(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> Future:
+        """Start a run and return a ``concurrent.futures.Future`` of its outputs. Feeds are checked
+        now (a bad feed raises here, not in the future)."""
+        self._check_open()
+        checked = self._checker.check(feeds)
+        if self._ray_settings is None:
+            plan = self._plan_for(checked)
+            if isinstance(plan.runner, DagExecutor) and plan.proven:
+                future = plan.runner.submit(checked)
+                if outputs is None:
+                    return future
+                return _chain(future, lambda results: self._select(results, outputs))
+        with self._lock:
+            if self._async_pool is None:
+                workers = max(1, (os.cpu_count() or 1) // (self.threads or os.cpu_count() or 1))
+                self._async_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-async")
+        return self._async_pool.submit(lambda: self._select(self._run_checked(checked), outputs))
+
+    def stream(self, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None = None,
+               replicas: int | Sequence[int] | str | None = None, max_in_flight: int | None = None,
+               timeout: float | None = None, outputs: list[str] | None = None,
+               plan: str = "background", plan_budget: float | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """Serve an iterable of feeds through a pipeline of stages; yields outputs in input order,
+        each as soon as it and every earlier one are done.
+
+        ``stages``: the number of pipeline stages, or ``"auto"`` (the planner picks stages and
+        replicas that maximise measured throughput on this machine's ``threads``). ``replicas``:
+        workers per stage (an int for all, a list, or ``"auto"``: spare threads go to the bottleneck).
+        With ``"auto"`` and no plan yet for this signature, ``plan="background"`` serves at once
+        on replicas of the whole graph and switches to the measured plan when it is ready;
+        ``plan="first"`` plans before serving. ``plan_budget``: seconds the planner may spend
+        trying candidates (default the session's). Memory stays bounded whatever the stream's
+        length (``max_in_flight`` requests at most). ``timeout``: seconds a request may take once
+        started (``RequestTimeoutError``). Closing the returned generator (or breaking out of the
+        loop) cancels the rest. ``stages`` and ``replicas`` default to the session's; with
+        ``executor="ray"`` the session's actors serve every stream.
+        """
+        from edgeinfer.runtime import pipeline
+
+        self._check_open()
+        if plan not in ("background", "first"):
+            raise BackendError(f"plan {plan!r}: expected 'background' or 'first'")
+        if self._ray_settings is not None:
+            self._check_ray_shape(stages, replicas)
+            return self._ray_stream(requests, max_in_flight=max_in_flight, timeout=timeout, outputs=outputs)
+        stages = self.stages if stages is None else stages
+        replicas = self.replicas if replicas is None else replicas
+        pipeline.check_choice(stages, replicas)
+        return pipeline.stream(self._lease, self._checker.signature, requests, stages=stages, replicas=replicas,
+                               max_in_flight=max_in_flight, timeout=timeout, check=self._checker.check,
+                               select=lambda results: self._select(results, outputs), register=self._register,
+                               plan_budget=plan_budget if plan_budget is not None else self.plan_budget,
+                               background=plan == "background", closed=lambda: self._closed)
+
+    def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = None,
+                      replicas: int | Sequence[int] | str | None = None):
+        """The stage plan ``stream`` uses for requests like ``feeds`` (default: the session's
+        ``example_feeds``, or random feeds when every input is static): stages, replicas,
+        measured stage times. Planned once per choice and signature; later streams reuse it."""
+        from edgeinfer.runtime.pipeline import check_choice, plan_key, plan_stages
+
+        stages = self.stages if stages is None else stages
+        replicas = self.replicas if replicas is None else replicas
+        self._check_open()
+        check_choice(stages, replicas)
+        checked = self._checker.check(feeds) if feeds is not None else self._default_sample()
+        if self._ray_settings is not None:  # the plan of the session's actors
+            self._check_ray_shape(stages, replicas)
+            return self._ray_pipeline(checked).plan
+        compiled = self._plan_for(checked)
+        if not compiled.proven:
+            compiled.run(checked)
+        key = plan_key(stages, replicas, self._checker.signature(checked))
+        return compiled.stage_plan(key, lambda: plan_stages(compiled, checked, stages=stages, replicas=replicas,
+                                                            budget=self.plan_budget))
+
+    def _default_sample(self) -> dict[str, Any]:
+        if self._example is not None:
+            return self._example
+        if self._checker.static:
+            return self.model.random_feeds()
+        symbolic = [t.name for t in self._inputs if t.shape is None or not all(isinstance(d, int) for d in t.shape)]
+        raise InputError(f"inputs {symbolic} have symbolic dims: give feeds of real shapes "
+                         "(or Session(..., example_feeds=...)); edgeinfer does not plan on guessed dims")
+
+    def _check_ray_shape(self, stages: Any, replicas: Any) -> None:
+        """With Ray the actors exist once per session: a different shape per stream is an error."""
+        for name, given, fixed in (("stages", stages, self.stages), ("replicas", replicas, self.replicas)):
+            if given is not None and given != fixed:
+                raise BackendError(f"{name}={given!r}: with executor='ray' the pipeline shape is the session's "
+                                   f"({name}={fixed!r}); give it to Session(...)")
+
+    def _ray_stream(self, requests: Iterable[Mapping[str, Any]], *, max_in_flight: int | None,
+                    timeout: float | None, outputs: list[str] | None) -> Iterator[dict[str, np.ndarray]]:
+        source = iter(requests)
+        try:
+            first = next(source)
+        except StopIteration:
+            return
+        ray_pipeline = self._ray_pipeline(self._checker.check(first))
+        yield from ray_pipeline.serve(itertools.chain([first], source), check=self._checker.check,
+                                      select=lambda results: self._select(results, outputs),
+                                      max_in_flight=max_in_flight, timeout=timeout)
+
+    def _ray_pipeline(self, sample: dict[str, Any]) -> Any:
+        """The session's Ray stage actors, planned and started on the first request."""
+        from edgeinfer.runtime.ray import RayPipeline
+
+        with self._lock:
+            self._check_open()
+            if self._ray is None:
+                self._ray = RayPipeline(self._plan_for(sample), sample, stages=self.stages, replicas=self.replicas,
+                                        **self._ray_settings)
+            return self._ray
+
+    @property
+    def ray_pipeline(self) -> Any:
+        """The Ray stage actors and their plan (None before the first request, or without Ray)."""
+        return self._ray
+
+    def _register(self, pipeline: Any) -> None:
+        with self._lock:
+            if self._closed:
+                pipeline.close()
+                raise SchedulerError("session is closed: expected an open Session, create a new one")
+            self._streams.add(pipeline)
+        pipeline.on_detach = self._adopt
+
+    def _adopt(self, threads: list[threading.Thread]) -> None:
+        """Workers a stream detached (stuck past its timeout): joined before close() frees what they run."""
+        with self._lock:
+            self._detached = [t for t in self._detached if t.is_alive()] + list(threads)
+
+    def stats(self) -> dict[str, Any]:
+        """The executable's facts when the model is one part; else ``parts`` (each part's facts)
+        and the numpy fallback ops of all parts together."""
+        parts = self._runner.parts
+        if len(parts) == 1:
+            return parts[0].executable().stats()
+        per_part = [{"backend": p.part.backend, "nodes": len(p.part.nodes), **p.executable().stats()}
+                    for p in parts]
+        fallback: dict[str, int] = {}
+        for stats in per_part:
+            for op, count in stats.get("fallback_ops", {}).items():
+                fallback[op] = fallback.get(op, 0) + count
+        return {"parts": per_part, "fallback_ops": fallback}
+
+    def close(self) -> None:
+        """Stop every worker thread of this session and close everything it compiled (every
+        signature's plan, parts, replicas, stage plans); idempotent. Later calls raise SchedulerError."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._async_pool = self._async_pool, None
+            ray_pipeline, self._ray = self._ray, None
+        for pipeline in list(self._streams):
+            pipeline.close()
+        if ray_pipeline is not None:
+            ray_pipeline.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        deadline = time.monotonic() + JOIN_DETACHED_S
+        with self._lock:
+            detached, self._detached = self._detached, []
+        for thread in detached:  # a worker still inside a backend call: let it finish first
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("worker %s still busy %.0f s after close(); its plan is closed anyway",
+                            thread.name, JOIN_DETACHED_S)
+        self.plan_cache.close()
+        if self._single is not None:
+            self._single.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SchedulerError("session is closed: expected an open Session, create a new one")
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        return self._checker.check(feeds)
+
+    def _select(self, results: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
+        if outputs is None:
+            return results
+        unknown = [o for o in outputs if o not in results]
+        if unknown:
+            raise InputError(f"unknown output(s) {unknown}: expected some of {list(results)}")
+        return {name: results[name] for name in outputs}
+
+
+def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
+    """A future of ``then(result)`` of ``future``."""
+    from edgeinfer.runtime.executors import settle
+
+    chained: Future = Future()
+
+    def done(source: Future) -> None:
+        try:
+            settle(chained, result=then(source.result()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            settle(chained, error=exc)
+
+    future.add_done_callback(done)
+    return chained

@@ -1,0 +1,240 @@
+"""The runtime per shape signature: decisions on real shapes only, a bounded plan cache that
+closes what it evicts, and close() releasing everything compiled."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import edgeinfer as ei
+from devkit import zoo
+from devkit.testing import assert_close
+from edgeinfer.errors import EdgeInferError, InputError, SchedulerError
+from edgeinfer.runtime import auto
+from edgeinfer.runtime.feeds import Signature
+
+from .threads import edgeinfer_threads
+
+
+def detector(seed: int = 0) -> onnx.ModelProto:
+    """A detector-like graph with symbolic height and width: a strided conv, a 2x2 pool, and a
+    head that reshapes the pooled grid into (2, cells / 2) rows and concatenates them with a
+    second branch. At 1x1 (what guessed dims give) the pool has nothing to pool and the reshape
+    cannot split one cell in two: every engine fails there."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2, "w")
+    shape = numpy_helper.from_array(np.array([1, 8, 2, -1], np.int64), "shape")
+    nodes = [
+        helper.make_node("Conv", ["image", "w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Reshape", ["p", "shape"], ["rows"]),
+        helper.make_node("Sigmoid", ["rows"], ["scores"]),
+        helper.make_node("Concat", ["rows", "scores"], ["boxes"], axis=2),
+    ]
+    graph = helper.make_graph(
+        nodes, "detector", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, "height", "width"])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 8, 4, None])], initializer=[w, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def image(height: int, width: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"image": np.random.default_rng(seed).standard_normal((1, 3, height, width)).astype(np.float32)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return ei.convert(detector())
+
+
+def test_guessed_dims_would_fail_so_auto_waits_for_real_shapes(model, tmp_path, monkeypatch):
+    with pytest.raises(EdgeInferError):  # what random feeds (symbols at 1) give: no engine runs it
+        ei.Session(model, backend="numpy").run(model.random_feeds())
+    measured: list[tuple] = []
+    real = auto.measure
+
+    def counting(model, lists, feeds, **kwargs):
+        measured.append(tuple(feeds["image"].shape))
+        return real(model, lists, feeds, **kwargs)
+
+    monkeypatch.setattr(auto, "measure", counting)
+    reference = ei.Session(model, backend="numpy")
+    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as session:
+        assert measured == [] and session.auto_choice is None  # nothing decided on guessed dims
+        with pytest.raises(SchedulerError, match="first run with real shapes"):
+            session.plan  # noqa: B018 - the property raises
+        for height, width in [(64, 64), (32, 48), (64, 64)]:
+            feeds = image(height, width, seed=height + width)
+            assert_close(session.run(feeds)["boxes"], reference.run(feeds)["boxes"], rtol=1e-4, atol=1e-5)
+        # two signatures, each measured once: the second did not re-time the first
+        assert measured == [(1, 3, 64, 64), (1, 3, 32, 48)]
+        assert set(session.compiled_plans) == {Signature((("height", 64), ("width", 64))),
+                                               Signature((("height", 32), ("width", 48)))}
+        assert str(session.signature(image(32, 48))) == "height=32,width=48"
+    stored = json.loads((tmp_path / auto.CACHE_FILE).read_text())
+    assert len(stored) == 2  # the disk cache key holds the signature
+    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as again:
+        again.run(image(32, 48))
+        assert again.auto_choice.cached and len(measured) == 2
+
+
+def test_example_feeds_decide_at_construction(model, tmp_path):
+    feeds = image(40, 40)
+    with ei.Session(model, backend="auto", threads=1, cache=False, example_feeds=feeds) as session:
+        assert session.auto_choice is not None and not session.auto_choice.cached
+        assert session.auto_choice.prepared is None  # the winner's runner is the plan's, nothing extra kept
+        assert list(session.compiled_plans) == [Signature((("height", 40), ("width", 40)))]
+
+
+def test_static_models_decide_at_construction():
+    from devkit.testing import parse_model
+
+    static = ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 8] x) => (float[2, 8] y)
+        {
+            a = Relu(x)
+            b = Sigmoid(a)
+            c = Tanh(a)
+            y = Add(b, c)
+        }"""), optimize=0)
+    with ei.Session(static, executor="auto") as session:  # no feeds given: the shapes are known
+        assert set(session.executor_ms) == {"sequential", "dag"}
+        assert list(session.compiled_plans) == [Signature()]
+
+
+def test_pipeline_plan_needs_real_shapes_for_symbolic_inputs(model):
+    with ei.Session(model, backend="onnxruntime", threads=2) as session:
+        with pytest.raises(InputError, match="does not plan on guessed dims"):
+            session.pipeline_plan()
+        plan = session.pipeline_plan(image(32, 32), stages=1, replicas=1)
+        assert len(plan.stages) == 1
+
+
+def test_plan_cache_is_bounded_and_closes_what_it_evicts():
+    chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
+    with ei.Session(chain, executor="auto", plan_cache_size=2) as session:
+        first = session.compiled_plan({"x": np.zeros((1, 32), np.float32)})
+        parts = list(first.runner.parts)
+        for batch in (1, 2, 3):
+            session.run({"x": np.ones((batch, 32), np.float32)})
+        assert session.plan_cache.evicted == [Signature((("N", 1),))]
+        assert first.closed and all(p.closed for p in parts)
+        assert set(session.compiled_plans) == {Signature((("N", 2),)), Signature((("N", 3),))}
+        out = session.run({"x": np.ones((1, 32), np.float32)})  # built again, evicting N=2
+        assert out["probs"].shape == (1, 10) and session.plan_cache.built == 4
+
+
+def test_a_plan_in_use_is_closed_only_when_its_user_is_done():
+    chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
+    with ei.Session(chain, executor="auto", plan_cache_size=1) as session:
+        stream = session.stream([{"x": np.ones((1, 32), np.float32)}] * 4, stages=1, replicas=1)
+        next(stream)  # the stream leases the N=1 plan
+        in_use = session.compiled_plans[Signature((("N", 1),))]
+        session.run({"x": np.ones((2, 32), np.float32)})  # evicts N=1 while the stream runs on it
+        assert not in_use.closed
+        assert len(list(stream)) == 3
+        assert in_use.closed
+
+
+def test_buckets_group_values_into_one_signature():
+    chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
+    with ei.Session(chain, executor="auto", buckets={"N": [4, 16]}) as session:
+        for batch in (1, 3, 4, 9):
+            assert session.run({"x": np.ones((batch, 32), np.float32)})["probs"].shape == (batch, 10)
+        assert {str(s) for s in session.compiled_plans} == {"N=<=4", "N=<=16"}
+
+
+def big_model(features: int = 4096) -> onnx.ModelProto:
+    """Two 64 MB weight matrices (128 MB of weights)."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((features, features)).astype(np.float32) * 0.01, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((features, features)).astype(np.float32) * 0.01, "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["a"]),
+             helper.make_node("Tanh", ["h"], ["t"]), helper.make_node("MatMul", ["a", "w2"], ["m"]),
+             helper.make_node("Add", ["m", "t"], ["y"])]
+    graph = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, features])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, features])],
+                              initializer=[w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("options", [
+    {"backend": "onnxruntime", "executor": "dag"},
+    {"backend": "auto", "executor": "dag", "cache": False},
+    {"backend": "auto", "executor": "sequential", "debug": True, "cache": False},
+])
+def test_close_returns_resident_memory(options):
+    psutil = pytest.importorskip("psutil")
+    process = psutil.Process()
+    model = ei.convert(big_model())
+    feeds = model.random_feeds()
+    weights = sum(a.nbytes for a in model.graph.initializers.values())
+    assert weights >= 50 * 2**20
+    gc.collect()
+    before = process.memory_info().rss
+    session = ei.Session(model, threads=1, **options)
+    session.run(feeds)
+    list(session.stream([feeds] * 4, stages=1, replicas=2))
+    session.close()
+    gc.collect()
+    after = process.memory_info().rss
+    assert after - before <= 0.1 * before, f"{(after - before) / 2**20:.0f} MB still resident after close()"
+    assert after - before <= 0.25 * weights, f"{(after - before) / 2**20:.0f} MB of {weights / 2**20:.0f} MB kept"
+    assert not edgeinfer_threads()
+
+
+def erf_on_double() -> onnx.ModelProto:
+    """onnxruntime's schema check accepts Erf on double; it has no kernel for it."""
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Erf", ["a"], ["b"]),
+             helper.make_node("Mul", ["b", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "erf64", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_part_that_fails_to_compile_moves_to_the_next_backend():
+    model = ei.convert(erf_on_double(), optimize=0)
+    feeds = {"x": np.linspace(-1, 1, 6).reshape(2, 3)}
+    reference = ei.Session(model, backend="numpy").run(feeds)["y"]
+    with ei.Session(model, backend="onnxruntime") as session:
+        placed = {model.graph.nodes[i].op_type: b for i, b in enumerate(session.plan.assignment.backends)}
+        assert placed == {"Add": "onnxruntime", "Erf": "numpy", "Mul": "onnxruntime"}
+        assert "onnxruntime: failed to compile" in session.plan.describe()  # the plan says why
+        assert "moved off onnxruntime" in session.compiled_plan(feeds).describe()
+        assert_close(session.run(feeds)["y"], reference)
+
+
+def test_auto_drops_a_failing_candidate_with_its_reason(tmp_path):
+    model = ei.convert(erf_on_double(), optimize=0)
+    feeds = {"x": np.linspace(-1, 1, 6).reshape(2, 3)}
+    with ei.Session(model, backend="auto", threads=1, cache=False) as session:
+        choice = session.auto_choice
+        assert "could not compile" in choice.skipped["onnxruntime,numpy"]
+        assert "onnxruntime,numpy" not in choice.median_ms and choice.median_ms
+        assert_close(session.run(feeds)["y"], ei.Session(model).run(feeds)["y"])
+
+
+@pytest.mark.parametrize("executor", ["sequential", "dag"])
+def test_a_part_that_fails_its_first_run_is_re_partitioned(executor):
+    from .backends import BrokenAtRunBackend
+
+    proto = zoo.inception_net(size=16, blocks=1, width=8, classes=5)
+    model = ei.convert(proto)
+    feeds = zoo.example_inputs(proto, seed=1)
+    reference = ei.Session(model).run(feeds)["logits"]
+    engine = BrokenAtRunBackend(ops={"MaxPool"})
+    with ei.Session(model, backend=[engine, "numpy"], threads=2, executor=executor) as session:
+        assert_close(session.run(feeds)["logits"], reference, rtol=1e-4, atol=1e-5)
+        placed = session.plan.assignment.backends
+        ops = {model.graph.nodes[i].op_type for i, b in enumerate(placed) if b == "numpy"}
+        assert ops == {"MaxPool"}  # the culprits only, found by probing single nodes
+        assert "broken: failed to run" in session.plan.describe()
+        plan_before = session.plan
+        assert_close(session.run(feeds)["logits"], reference, rtol=1e-4, atol=1e-5)
+        assert session.plan is plan_before  # proven: no more probing

@@ -1,0 +1,119 @@
+"""Streams on live sources: intake on its own thread, each result delivered as soon as it and
+every earlier one are done, timeouts that detach a stuck worker, and planning that never
+stalls a stream."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import edgeinfer as ei
+from devkit import zoo
+from devkit.testing import assert_close
+from edgeinfer.errors import RequestTimeoutError
+
+from .backends import SLOW_MARK, FaultyBackend
+from .threads import edgeinfer_threads
+
+WAIT_S = 5.0  # how long a source waits for the previous result before giving up (a failure)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return ei.convert(zoo.mlp_symbolic_batch(seed=3))
+
+
+def frames(count: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.full((1, 32), float(i) / count, np.float32)} for i in range(count)]
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 4])
+def test_live_source_gets_each_result_before_the_next_frame_is_pulled(mlp, max_in_flight):
+    """A camera yields a frame, then the next one only later; an idle pipeline must hand the
+    result back meanwhile. The source waits (up to WAIT_S) for the previous result before it
+    yields the next frame: had the stream pulled ahead before delivering (the old intake on the
+    consumer's thread), the wait would time out."""
+    requests = frames(12)
+    reference = ei.Session(mlp)
+    expected = [reference.run(r)["probs"] for r in requests]
+    delivered: list[int] = []
+    arrived = threading.Condition()
+    on_time: list[bool] = []
+
+    def camera():
+        for index, frame in enumerate(requests):
+            if index:
+                with arrived:
+                    on_time.append(arrived.wait_for(lambda i=index: len(delivered) >= i, timeout=WAIT_S))
+            yield frame
+
+    with ei.Session(mlp, backend="onnxruntime", threads=2) as session:
+        for index, out in enumerate(session.stream(camera(), stages=1, replicas=1, max_in_flight=max_in_flight)):
+            assert_close(out["probs"], expected[index], name=f"frame {index}")  # in order
+            with arrived:
+                delivered.append(index)
+                arrived.notify_all()
+    assert delivered == list(range(12))
+    assert on_time == [True] * 11, "a result was held back until a later frame arrived"
+    assert not edgeinfer_threads()
+
+
+def test_a_timeout_detaches_the_stuck_worker_and_close_joins_it(mlp):
+    engine = FaultyBackend("slow", sleep=1.5)
+    requests = [{"x": np.zeros((1, 32), np.float32)}, {"x": np.full((1, 32), SLOW_MARK, np.float32)},
+                {"x": np.zeros((1, 32), np.float32)}]
+    session = ei.Session(mlp, backend=[engine, "numpy"], threads=2)
+    list(session.stream(requests[:1], stages=1, replicas=1))  # plan on a fast request
+    got = []
+    with pytest.raises(RequestTimeoutError, match="request 1 did not finish within 0.1 s"):
+        for out in session.stream(requests, stages=1, replicas=1, timeout=0.1):
+            got.append(out)
+    assert len(got) == 1
+    # the error came while the stuck call still runs: its worker was detached, not waited for
+    assert any(name.startswith("edgeinfer-stage0") for name in edgeinfer_threads())
+    assert len(list(session.stream(requests[:1], stages=1, replicas=1))) == 1  # the session still serves
+    session.close()  # joins the detached worker before closing what it runs
+    assert not edgeinfer_threads()
+
+
+def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(mlp):
+    """Planning never stalls a stream: the first results come from replicas of the whole graph
+    while the planner measures beside them; later requests run on the measured plan."""
+    requests = frames(400)
+    reference = ei.Session(mlp)
+    expected = [reference.run(r)["probs"] for r in requests[:8]]
+    lanes_seen: list[list[str]] = []
+    with ei.Session(mlp, backend="onnxruntime", threads=2) as session:
+        measured_key = ("auto", "auto", "N=1")
+
+        def source():
+            for index, request in enumerate(requests):
+                if index == 8:  # wait until the planner is done, then look for the new lane's workers
+                    deadline = time.monotonic() + 120
+                    while measured_key not in session.stage_plans and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                if index > 8 and not lanes_seen:
+                    lanes = [n for n in edgeinfer_threads() if "-lane1" in n]
+                    if lanes:
+                        lanes_seen.append(lanes)
+                yield request
+
+        outs = list(session.stream(source()))
+        default = session.stage_plans[("default", "N=1")]
+        assert default.kind == "default" and len(default.stages) == 1 and default.replicas == [2]
+        assert session.stage_plans[measured_key].kind == "measured"
+    assert len(outs) == 400
+    for index, out in enumerate(outs[:8]):
+        assert_close(out["probs"], expected[index], name=f"request {index}")
+    assert lanes_seen, "the stream never switched to the measured plan"
+    assert not edgeinfer_threads()
+
+
+def test_plan_first_plans_before_serving(mlp):
+    with ei.Session(mlp, backend="onnxruntime", threads=2) as session:
+        outs = list(session.stream(frames(6), plan="first", plan_budget=5.0))
+        assert len(outs) == 6
+        assert list(session.stage_plans) == [("auto", "auto", "N=1")]
