@@ -54,7 +54,15 @@ OPTIMIZATION_LEVELS = {
     "extended": "ORT_ENABLE_EXTENDED",
     "all": "ORT_ENABLE_ALL",
 }
-ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "session_config", "log_severity")
+ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "session_config", "log_severity",
+                  "prepack")
+# onnxruntime prepacks MatMul/Conv weights into copies of its own and, since edgeinfer hands
+# the weights over in memory (external initializers, possibly mapped from a .eim), cannot free
+# the originals: resident memory doubles. prepack="auto" (the default) turns prepacking off for
+# a part holding this many bytes of weights: at batch 1 such models are matrix-vector products,
+# which onnxruntime runs at the same speed unpacked (bench_big.py; at batch 8 a 256 MiB MatMul
+# took 2.8x longer unpacked, so pass prepack=True to trade memory for that).
+PREPACK_AUTO_LIMIT = 1 << 30
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
 log = logging.getLogger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
@@ -156,6 +164,10 @@ class OnnxRuntimeBackend(Backend):
         model, node_names, names, values = _export(graph)
         ort = _ort()
         session_options = _session_options(ort, options, engine)
+        if not _prepacks(engine.get("prepack", "auto"), sum(a.nbytes for a in values)):
+            session_options.add_session_config_entry("session.disable_prepacking", "1")
+            log.info("onnxruntime: prepacking off for graph %r (%.1f GiB of weights handed over in memory)",
+                     graph.name, sum(a.nbytes for a in values) / 2**30)
         external = [ort.OrtValue.ortvalue_from_numpy(array) for array in values]
         if names:
             session_options.add_external_initializers(names, external)
@@ -235,8 +247,16 @@ def _drop_missing(engine: Mapping[str, Any], available: Sequence[str], fallback:
     return chosen
 
 
+def _prepacks(option: Any, weight_bytes: int) -> bool:
+    if option == "auto":
+        return weight_bytes < PREPACK_AUTO_LIMIT
+    return bool(option)
+
+
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
     engine_options = check_option_names("onnxruntime", engine_options, ENGINE_OPTIONS)
+    if engine_options.get("prepack", "auto") not in ("auto", True, False):
+        raise BackendError(f"onnxruntime backend: prepack {engine_options['prepack']!r}: expected True, False or 'auto'")
     level = engine_options.get("optimization_level")
     if level is not None and level not in OPTIMIZATION_LEVELS:
         raise BackendError(f"onnxruntime backend: optimization_level {level!r}: expected one of "
