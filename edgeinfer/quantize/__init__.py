@@ -113,15 +113,18 @@ def guarded(quantized: Model, calibration: Calibration, backend: str | None = No
     """``quantized`` with the quality guard's figures in its metadata (warning when poor)."""
     import json
 
-    from edgeinfer.quantize.guard import check_quality
+    from edgeinfer.quantize.guard import QuantizationSpeedWarning, check_quality, split_warning
 
+    summary = json.loads(quantized.metadata.get("quantization", "{}"))
+    slow = split_warning(quantized.graph, int(summary.get("layers", 0)))
+    if slow is not None:
+        warnings.warn(slow, QuantizationSpeedWarning, stacklevel=3)
     feeds = calibration.held_out or calibration.first
     if not feeds:
         return quantized
     layers = [node.name or node.outputs[0] for node in quantized.graph.nodes]
     report = check_quality(calibration.graph, quantized.graph, layers, feeds, held_out=bool(calibration.held_out),
                            backend=backend)
-    summary = json.loads(quantized.metadata.get("quantization", "{}"))
     summary["quality"] = report.summary()
     metadata = dict(quantized.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)

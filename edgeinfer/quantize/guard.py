@@ -1,7 +1,7 @@
 """The quality guard run after every static quantization: INT8 against fp32 on held-out samples.
 
-Calibration holds back every ``HOLD_OUT_EVERY``-th sample (at most ``MAX_HELD_OUT``) when it
-has enough of them; the guard runs the float and the quantized model on those (or, with too
+Calibration holds back every ``HOLD_OUT_EVERY``-th sample (at most ``MAX_HELD_OUT``) unless
+fewer than ``MIN_FOR_HOLD_OUT`` are known to come; the guard runs the float and the quantized model on those (or, with too
 few samples, on the first calibration samples, and says so) and computes per graph output::
 
     SQNR = 10 log10( sum(ref^2) / sum((ref - q)^2) )     cosine = <ref, q> / (|ref| |q|)
@@ -10,6 +10,12 @@ Below ``MIN_SQNR_DB`` or ``MIN_COSINE`` on any output, a ``QuantizationQualityWa
 line names the output and the layers with the worst SQNR (``report.layer_errors``), so that a
 model whose class scores all became 0 never passes as a success. The figures go into the
 model's ``quantization`` metadata either way.
+
+Ops left float between integer ones split the integer chain: each costs a DequantizeLinear
+before and a QuantizeLinear after it. PRelu has no integer kernel on onnxruntime (LeakyRelu
+has: QLinearLeakyRelu), so a face model with a PRelu after every conv runs INT8 slower than
+fp32 (MediaPipe face_landmark: 23 PRelu islands, 1.46x fp32's latency on this machine);
+``split_warning`` says so in one line, with the float alternative.
 """
 
 from __future__ import annotations
@@ -26,13 +32,47 @@ from edgeinfer.quantize.calibrate import run_batches
 
 MIN_SQNR_DB = 15.0
 MIN_COSINE = 0.99
-HOLD_OUT_EVERY = 5  # with at least this many samples, every 5th is held out of calibration
+HOLD_OUT_EVERY = 5  # every 5th sample is held out of calibration ...
+MIN_FOR_HOLD_OUT = 10  # ... unless fewer samples than this are known to come
 MAX_HELD_OUT = 8
 WORST_LAYERS = 3
 
 
+NO_INTEGER_KERNEL = ("PRelu",)  # float between Q/DQ on every engine edgeinfer lowers to
+SPLIT_SHARE = 0.25  # islands per quantized layer above which INT8 is likely slower than fp32
+
+
 class QuantizationQualityWarning(UserWarning):
     """A quantized model's outputs differ from fp32's beyond the guard's thresholds."""
+
+
+class QuantizationSpeedWarning(UserWarning):
+    """Float ops split the integer chain so often that INT8 may be slower than fp32."""
+
+
+def float_islands(quantized: Graph) -> list[str]:
+    """Ops without an integer kernel that sit between a DequantizeLinear and a QuantizeLinear."""
+    found = []
+    for node in quantized.nodes:
+        if node.op_type not in NO_INTEGER_KERNEL or node.domain:
+            continue
+        source = quantized.producer(node.inputs[0])
+        consumers = quantized.consumers(node.outputs[0])
+        if source is not None and source.op_type == "DequantizeLinear" and any(
+                c.op_type == "QuantizeLinear" for c in consumers):
+            found.append(node.name or node.outputs[0])
+    return found
+
+
+def split_warning(quantized: Graph, layers: int) -> str | None:
+    """A one-line warning when float islands are a large share of ``layers`` quantized layers."""
+    islands = float_islands(quantized)
+    if not islands or len(islands) < SPLIT_SHARE * max(layers, 1):
+        return None
+    kinds = sorted({n.op_type for n in quantized.nodes if (n.name or n.outputs[0]) in set(islands)})
+    return (f"{len(islands)} {'/'.join(kinds)} layers stay float between int8 layers (no integer kernel): each "
+            f"splits the integer chain with a Dequantize/Quantize pair, so this INT8 model may run slower than "
+            f"fp32 (measure with `edgeinfer bench`); weights='fp16' (--weights fp16) keeps it float at half size")
 
 
 @dataclass(frozen=True)

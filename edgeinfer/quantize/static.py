@@ -33,7 +33,7 @@ from edgeinfer.model import Model
 from edgeinfer.passes.rules import rebuild
 from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source, sample_count
-from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT
+from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT, MIN_FOR_HOLD_OUT
 from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
 from edgeinfer.quantize.qdq import StaticOptions, build_qdq_graph, plan_quantization, weights_summary
@@ -111,12 +111,13 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
               hold_out: bool = False) -> Calibration:
     """Run the float model over ``data`` (samples, a folder, or None with ``random_samples``)
     and keep one histogram per float activation. ``limit`` caps the number of batches. With
-    ``hold_out``, every ``HOLD_OUT_EVERY``-th sample is kept apart for the quality guard."""
+    ``hold_out``, every ``HOLD_OUT_EVERY``-th sample is kept apart for the quality guard, unless
+    the data is known to hold fewer than ``MIN_FOR_HOLD_OUT`` samples (then every one calibrates)."""
     graph = prepare_graph(_graph_of(model))
     feeds = open_source(data, graph, size=size, mean=mean, std=std, random_samples=random_samples)
-    counted = _Counted(feeds, limit, hold_out)
     known = sample_count(data, random_samples)
     total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
+    counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT))
     histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total)
     return Calibration(graph, histograms, counted.count, counted.held_out, counted.first)
 

@@ -18,6 +18,7 @@ construction:
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,9 +26,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "real"))
 
-from corpus import model_file, photo, resize, to_rgb  # noqa: E402
+def _real_corpus():
+    """tests/real/corpus.py by path (tests/robustness has a ``corpus`` module of its own)."""
+    if "real_corpus" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("real_corpus", Path(__file__).resolve().parents[1] / "real" / "corpus.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["real_corpus"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["real_corpus"]
+
+
+corpus = _real_corpus()
+model_file, photo, resize, to_rgb, CorpusError = corpus.model_file, corpus.photo, corpus.resize, corpus.to_rgb, corpus.CorpusError
 
 Feeds = dict[str, np.ndarray]
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255

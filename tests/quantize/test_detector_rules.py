@@ -211,3 +211,23 @@ def test_exclude_of_an_unknown_layer_is_an_error(head):
         quantize_static(fp32, calibration, exclude=["no_such_layer"])
     kept = quantize_static(fp32, calibration, exclude=["scores"])  # a node's output names it too
     assert kept.graph.producer("scores").op_type == "Sigmoid"
+
+
+def test_prelu_islands_are_said_to_split_the_integer_chain():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,3,8,8] x) => (float[1,3,8,8] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, w)
+        b = PRelu(a, slope)
+        y = Conv <pads = [1, 1, 1, 1]> (b, w)
+    }
+    """
+    rng = np.random.default_rng(0)
+    fp32 = ei.convert(with_initializers(text, w=rng.normal(0, 0.3, (3, 3, 3, 3)).astype(np.float32),
+                                        slope=np.array([0.1, 0.2, 0.3], np.float32).reshape(3, 1, 1)))
+    samples = [{"x": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(5)]
+    with pytest.warns(guard.QuantizationSpeedWarning, match="1 PRelu layers stay float.*slower than fp32"):
+        int8 = quantize(fp32, samples, "minmax")
+    assert guard.float_islands(int8.graph) == ["b"]
+    ref = ei.Session(fp32, backend="numpy").run(samples[0])["y"]
+    assert sqnr(ref, ei.Session(int8, backend="numpy").run(samples[0])["y"]) > 25
