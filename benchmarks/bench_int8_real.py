@@ -32,7 +32,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quantize"))
 
-from real_tasks import TASKS, RealTask, output_sqnr  # noqa: E402
+from real_tasks import TASKS, RealTask, float32_weights, output_sqnr  # noqa: E402
 
 import edgeinfer as ei  # noqa: E402
 from edgeinfer.ir.lowering import lower_graph  # noqa: E402
@@ -85,7 +85,7 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
                             "calibrate_s": round(time.perf_counter() - started, 1), "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        fp32_bytes = _eim_bytes(ei.Model(prepare_graph(fp32.graph)), folder, "fp32")  # float32 weights
+        fp32_bytes = _eim_bytes(float32_weights(fp32), folder, "fp32")
         for method in methods:
             calibration.held_out = held_out  # the guard measures on the same held-out crops
             with warnings.catch_warnings(record=True) as caught:

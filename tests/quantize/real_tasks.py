@@ -68,6 +68,17 @@ def _nhwc(image: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(((resize(image, size, size).astype(np.float32) - 127.5) / 127.5)[None])
 
 
+def float32_weights(model):
+    """``model`` with every weight stored as float32 (no float16 ``weight_storage``, no Cast of a
+    float16 constant): the fp32 baseline that INT8 file sizes are measured against."""
+    import edgeinfer as ei
+    from edgeinfer.quantize.static import prepare_graph
+
+    graph = prepare_graph(model.graph)
+    graph.metadata = {k: v for k, v in graph.metadata.items() if k != "weight_storage"}
+    return ei.Model(graph, model.metadata)
+
+
 # -- metrics ------------------------------------------------------------------------------------
 def sqnr_db(reference: np.ndarray, got: np.ndarray) -> float:
     ref = reference.astype(np.float64).reshape(-1)

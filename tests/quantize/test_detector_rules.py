@@ -10,10 +10,10 @@ import pytest
 from helpers import sqnr
 
 import edgeinfer as ei
+from devkit.testing import parse_model
 from edgeinfer.errors import InputError
 from edgeinfer.quantize import guard, quantize
 from edgeinfer.quantize.static import calibrate, quantize_static
-from edgeinfer.testing import parse_model
 
 HEAD = """
 <ir_version: 8, opset_import: ["" : 17]>
