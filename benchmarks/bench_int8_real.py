@@ -9,11 +9,13 @@ method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quant
 (QDQ, per-channel int8 weights, uint8 activations, MinMax) of the same fp32 graph with the
 same calibration samples, run on onnxruntime. ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. The last table says which method has the best task metric per model and the
-default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). Usage::
+default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
+ROUNDS`` it times instead: fp32 and INT8 (the default method) on onnxruntime in ROUNDS
+interleaved rounds (median ms, one held-out crop at batch 1). Usage::
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--json results.json]
+        [--latency 0] [--json results.json]
 """
 
 from __future__ import annotations
@@ -106,6 +108,24 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
     return rows
 
 
+def latency(task: RealTask, rounds: int) -> dict[str, float]:
+    """Median ms of fp32 and INT8 (the default method) on onnxruntime, interleaved."""
+    import functools
+
+    import numpy as np
+
+    from edgeinfer.timing import time_interleaved
+
+    fp32 = ei.convert(task.path(), optimize=2)
+    int8 = quantize_static(fp32, calibrate(fp32, task.calibration(1)))
+    feeds = task.held_out(1)[0]
+    sessions = {"fp32": ei.Session(fp32, backend="onnxruntime"), "int8": ei.Session(int8, backend="onnxruntime")}
+    times = time_interleaved({k: functools.partial(s.run, feeds) for k, s in sessions.items()}, rounds=rounds, warmup=2)
+    median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
+    return {"fp32_ms": round(median["fp32"], 2), "int8_ms": round(median["int8"], 2),
+            "int8_over_fp32": round(median["int8"] / median["fp32"], 2)}
+
+
 def print_table(results: dict[str, Any], backends: list[str]) -> None:
     print(f"{'model':<28} {'variant':<10} {'size':>6}  " + "  ".join(f"{b + ' metric':>18} {'SQNR':>6}" for b in backends)
           + "  guard")
@@ -140,10 +160,20 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
+    parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
+                        help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    results = {}
+    results: dict[str, Any] = {}
+    if args.latency:
+        timings = {name: latency(TASKS[name], args.latency) for name in args.models}
+        for name, row in timings.items():
+            print(f"{name:<28} onnxruntime fp32 {row['fp32_ms']:8.2f} ms  int8 {row['int8_ms']:8.2f} ms  "
+                  f"int8/fp32 {row['int8_over_fp32']:.2f}x")
+        if args.json:
+            args.json.write_text(json.dumps({"latency": timings}, indent=2))
+        return
     for name in args.models:
         started = time.perf_counter()
         results[name] = bench_model(TASKS[name], args.methods, args.backends, args.per_photo)

@@ -2,7 +2,7 @@
 
     import edgeinfer as ei
     from edgeinfer.quantize import quantize
-    int8 = quantize(ei.convert("model.onnx", optimize=2), "calib_images/", method="entropy",
+    int8 = quantize(ei.convert("model.onnx", optimize=2), "calib_images/", method="mse",
                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     int8.save("model.int8.eim")
 
