@@ -14,7 +14,8 @@ model's ``quantization`` metadata either way.
 Ops left float between integer ones split the integer chain: each costs a DequantizeLinear
 before and a QuantizeLinear after it. PRelu has no integer kernel on onnxruntime (LeakyRelu
 has: QLinearLeakyRelu), so a face model with a PRelu after every conv runs INT8 slower than
-fp32 (MediaPipe face_landmark: 23 PRelu islands, 1.46x fp32's latency on this machine);
+fp32 (MediaPipe face_landmark: 23 PRelu islands, INT8 1.67x fp32's latency on onnxruntime, one run of
+``benchmarks/bench_int8_real.py --latency 30`` on a loaded 2-core machine);
 ``split_warning`` says so in one line, with the float alternative.
 """
 
