@@ -122,7 +122,7 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
     feeds = open_source(data, graph, size=size, mean=mean, std=std, random_samples=random_samples)
     known = sample_count(data, random_samples)
     total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
-    counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT))
+    counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT), keep_first=hold_out)
     histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total)
     return Calibration(graph, histograms, counted.count, counted.held_out, counted.first)
 
@@ -194,12 +194,12 @@ def _graph_of(model: Model | Graph) -> Graph:
 class _Counted:
     """An iterable of feeds that counts what it yields and stops after ``limit``; with
     ``hold_out``, every ``HOLD_OUT_EVERY``-th sample goes to ``held_out`` instead (at most
-    ``MAX_HELD_OUT``) and the first ones yielded are kept in ``first``."""
+    ``MAX_HELD_OUT``); with ``keep_first``, the first ones yielded are kept in ``first``."""
 
-    def __init__(self, feeds: Iterable[Feeds], limit: int | None, hold_out: bool = False):
+    def __init__(self, feeds: Iterable[Feeds], limit: int | None, hold_out: bool = False, keep_first: bool = False):
         if limit is not None and limit < 1:
             raise InputError(f"calibration limit {limit}: expected a positive number of samples")
-        self.feeds, self.limit, self.count, self.hold_out = feeds, limit, 0, hold_out
+        self.feeds, self.limit, self.count, self.hold_out, self.keep_first = feeds, limit, 0, hold_out, keep_first
         self.held_out: list[Feeds] = []
         self.first: list[Feeds] = []
 
@@ -213,6 +213,6 @@ class _Counted:
                 self.held_out.append(feeds)
                 continue
             self.count += 1
-            if self.hold_out and len(self.first) < MAX_HELD_OUT:
+            if self.keep_first and len(self.first) < MAX_HELD_OUT:
                 self.first.append(feeds)
             yield feeds
