@@ -83,7 +83,9 @@ SCALE_INPUTS = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv":
 def _check_quantization_scales(graph: Graph) -> None:
     """A constant quantization scale must be finite, positive and normal: zero divides by zero
     (and a subnormal scale's reciprocal overflows), a negative one flips signs and NaN poisons
-    every result, each engine differently."""
+    every result, each engine differently. A subnormal scale that only multiplies constant
+    integers (the DequantizeLinear of a stored weight or bias) is accepted, as onnxruntime
+    runs it: onnxruntime's own quantize_static writes such bias scales (1.79e-39 on PP-OCR)."""
     for node in graph.nodes:
         if node.domain not in ("", "ai.onnx"):
             continue
@@ -93,8 +95,10 @@ def _check_quantization_scales(graph: Graph) -> None:
             scale = graph.initializers.get(node.inputs[index])
             if scale is None or scale.dtype.kind != "f" or scale.size == 0:
                 continue
+            multiplies_constant = node.op_type == "DequantizeLinear" and node.inputs[0] in graph.initializers
+            smallest = 0.0 if multiplies_constant else np.finfo(scale.dtype).tiny
             with np.errstate(invalid="ignore"):  # subnormal: 1 / scale overflows to inf
-                bad = ~(np.isfinite(scale) & (scale >= np.finfo(scale.dtype).tiny))
+                bad = ~(np.isfinite(scale) & (scale > 0) & (scale >= smallest))
             if bad.any():
                 value = float(np.asarray(scale).reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])])
                 _fail(graph, f"{node.label} scale {node.inputs[index]!r}: expected finite positive (normal) values, "

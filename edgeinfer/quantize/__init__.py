@@ -2,7 +2,7 @@
 
     import edgeinfer as ei
     from edgeinfer.quantize import quantize
-    int8 = quantize(ei.convert("model.onnx", optimize=2), "calib_images/", method="entropy",
+    int8 = quantize(ei.convert("model.onnx", optimize=2), "calib_images/", method="mse",
                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     int8.save("model.int8.eim")
 
@@ -36,7 +36,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
-             reduce_range: bool = False, block_size: int = 32, zero_points: bool = False) -> Model:
+             reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
+             quantize_outputs: bool = False) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -59,6 +60,11 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     latency (issue 21's AVX2 measurement); 7-bit weights cannot saturate and keep the fast
     kernels, exactly, for one bit of weight precision (1.0-2.4 dB output SQNR on MobileNetV2 and
     ResNet-50, ``benchmarks/bench_int8_exact_path.py``). Elsewhere (VNNI, ARM) it only costs the bit.
+
+    Every static quantization ends with the quality guard (``guard.py``): INT8 against fp32
+    on held-out calibration samples, per output SQNR and cosine, in the model's
+    ``quantization`` metadata; below 15 dB or 0.99 a ``QuantizationQualityWarning`` names the
+    worst layers. The ops writing graph outputs stay float unless ``quantize_outputs``.
     """
     if weights not in WEIGHT_FORMATS:
         raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
@@ -81,10 +87,12 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
         return quantize_dynamic(model, per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
     calibration = calibrate(model, calibration_data, random_samples=random_samples, limit=limit,
-                            backend=backend, progress=progress, size=size, mean=mean, std=std)
+                            backend=backend, progress=progress, size=size, mean=mean, std=std, hold_out=True)
     if max_accuracy_drop is None:
-        return quantize_static(model, calibration, method=method, activations=activations,
-                               per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
+        return guarded(quantize_static(model, calibration, method=method, activations=activations,
+                                       per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
+                                       quantize_outputs=quantize_outputs),
+                       calibration, backend)
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
     from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
@@ -98,7 +106,29 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     if not result.within_budget:
         warnings.warn(f"accuracy budget {max_accuracy_drop} not met: fp32 {result.float_metric:.3f}, best "
                       f"{result.final_metric:.3f} with {len(result.kept_float)} layers in float", stacklevel=2)
-    return result.model
+    return guarded(result.model, calibration, backend)
+
+
+def guarded(quantized: Model, calibration: Calibration, backend: str | None = None) -> Model:
+    """``quantized`` with the quality guard's figures in its metadata (warning when poor)."""
+    import json
+
+    from edgeinfer.quantize.guard import QuantizationSpeedWarning, check_quality, split_warning
+
+    summary = json.loads(quantized.metadata.get("quantization", "{}"))
+    slow = split_warning(quantized.graph, int(summary.get("layers", 0)))
+    if slow is not None:
+        warnings.warn(slow, QuantizationSpeedWarning, stacklevel=3)
+    feeds = calibration.held_out or calibration.first
+    if not feeds:
+        return quantized
+    layers = [node.name or node.outputs[0] for node in quantized.graph.nodes]
+    report = check_quality(calibration.graph, quantized.graph, layers, feeds, held_out=bool(calibration.held_out),
+                           backend=backend)
+    summary["quality"] = report.summary()
+    metadata = dict(quantized.metadata)
+    metadata["quantization"] = json.dumps(summary, sort_keys=True)
+    return Model(quantized.graph, metadata)
 
 
 def sensitivity_feeds(calibration: Calibration, calibration_data: Any, count: int = 8, **source: Any) -> list:

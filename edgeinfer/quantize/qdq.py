@@ -11,7 +11,10 @@ kernels, the numpy backend runs QuantizeLinear/DequantizeLinear and the ops betw
 
 A graph output keeps its name: the producer writes ``T_prequant`` and the DequantizeLinear
 writes ``T``. Weight scales are raised where a bias would overflow int32 with
-``x_scale * w_scale`` (the adjustment TFLite and onnxruntime make).
+``x_scale * w_scale`` (the adjustment TFLite and onnxruntime make), and to ``SCALE_FLOOR``
+(and ``SCALE_FLOOR / x_scale`` for a bias's sake): a channel of near-zero weights would
+otherwise get a subnormal scale (2.55e-42 on a PP-OCR recognizer) whose reciprocal overflows.
+Such a channel's weights round to 0 either way.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ FLOAT_TYPES = ("float32",)
 REMOVABLE_ACTIVATIONS = ("Relu", "Clip")
 WEIGHT_TYPE = INT8
 PER_CHANNEL_OPSET = 13  # QuantizeLinear/DequantizeLinear gained ``axis`` in opset 13
+SCALE_FLOOR = 1e-30  # smallest weight/bias scale written: normal in float32, with room below
 
 
 def layer_name(node: Node) -> str:
@@ -46,6 +50,7 @@ class StaticOptions:
     per_channel: bool = True
     exclude: frozenset[str] = frozenset()  # layer names kept in float
     reduce_range: bool = False  # 7-bit weights (INT8_7BIT)
+    quantize_outputs: bool = False  # the ops writing graph outputs quantize them too
 
 
 @dataclass
@@ -123,6 +128,23 @@ class QuantPlan:
         channels = self.graph.values[weight].const.shape[axis]
         return value.const.size == channels and max(value.const.shape, default=1) == channels
 
+    def magnitude(self, name: str) -> float:
+        """The largest |value| of ``name`` (its calibrated range, or a constant's data)."""
+        name = self._current(name)
+        value = self.graph.values.get(name)
+        if value is not None and value.const is not None:
+            return float(np.abs(value.const).max(initial=0.0))
+        lo, hi = self.ranges[name]
+        return max(abs(float(lo)), abs(float(hi)))
+
+    def range_ratio(self, names: list[str]) -> float:
+        """How many times the widest range of ``names`` spans the narrowest (inf with a zero one)."""
+        magnitudes = [self.magnitude(n) for n in names]
+        smallest, largest = min(magnitudes), max(magnitudes)
+        if largest == 0.0:
+            return 1.0
+        return largest / smallest if smallest > 0 else np.inf
+
     def pads_with_zero(self, node: Node) -> bool:
         if node.attrs.get("mode", "constant") != "constant":
             return True
@@ -137,6 +159,8 @@ class QuantPlan:
             self.activations.setdefault(name, None)
 
     def same_as(self, output: str, source: str) -> None:
+        if output in self.graph.output_names and not self.options.quantize_outputs:
+            return
         if self.is_float(output):
             self.shared[output] = self._current(source)
 
@@ -148,9 +172,11 @@ class QuantPlan:
     def bias(self, node: Node, index: int, activation: str, weight: str) -> None:
         self.biases.append(_Bias(node, index, node.inputs[index], self._current(activation), weight))
 
-    def output(self, node: Node, index: int, *, float_graph_output: bool = False) -> None:
-        """Quantize output ``index``, folding a Relu/Clip that follows it when that is exact."""
+    def output(self, node: Node, index: int) -> None:
+        """Quantize output ``index``, folding a Relu/Clip that follows it when that is exact; a
+        graph output stays float unless ``quantize_outputs``."""
         name = node.outputs[index]
+        float_graph_output = not self.options.quantize_outputs
         folded = self._fold_activation(node, name, float_graph_output)
         if folded is not None:
             name = folded
@@ -235,7 +261,7 @@ def weight_params(array: np.ndarray, axis: int, qtype: QuantType = WEIGHT_TYPE) 
     else:
         other = tuple(i for i in range(data.ndim) if i != axis)
         absmax = np.abs(data).max(axis=other, initial=0.0)
-    scale = np.where(absmax > 0, absmax / qtype.qmax, 1.0).astype(np.float32)
+    scale = np.where(absmax > 0, np.maximum(absmax / qtype.qmax, SCALE_FLOOR), 1.0).astype(np.float32)
     zero_point = np.zeros(scale.shape, qtype.dtype)
     return TensorParams(scale, zero_point, qtype, None if axis < 0 else axis)
 
@@ -256,7 +282,7 @@ def _raise_weight_scales_for_bias(plan: QuantPlan, acts: dict[str, TensorParams]
         data = np.abs(plan.graph.values[bias.bias].const.astype(np.float64).reshape(-1))
         w = weights[bias.weight]
         x_scale = float(acts[bias.activation].scale)
-        smallest = data * 1.0001 / limit
+        smallest = np.maximum(data * 1.0001 / limit, SCALE_FLOOR)
         needed = smallest / x_scale
         w.scale = np.maximum(w.scale.astype(np.float64), needed if w.scale.ndim else needed.max()).astype(np.float32)
 

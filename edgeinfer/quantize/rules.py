@@ -23,8 +23,13 @@ QLinearMatMul, QLinearAdd, QLinearGlobalAveragePool, ...):
   output takes the activation's (non-negative) range and the saturation of QuantizeLinear
   performs the clamp. Otherwise they reuse their input's parameters (exact for a clamp at 0).
 
-Graph outputs of Gemm/MatMul and of the non-linear element-wise ops stay float (the engines
-have kernels with a float output, and logits keep their precision).
+- Concat whose inputs' ranges differ by more than ``CONCAT_RANGE_RATIO`` stays float: one
+  scale over boxes in pixels (0-320) and class probabilities (0-1) rounds every probability to
+  0. Its inputs keep the parameters their producers gave them (each its own scale).
+
+The op that writes a graph output keeps a float output unless ``quantize_outputs`` is asked
+for: its inputs are quantized, the result it writes is not (logits, boxes and probabilities
+keep their precision; the engines have kernels with a float output).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ QUANTIZERS: OpRegistry[QuantizerRule] = OpRegistry("quantizer")
 SAME_AS_INPUT = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Resize",
                  "AveragePool", "Gather", "Split", "Pad", "Relu", "Clip")
 OWN_RANGE = ("Add", "Mul", "Concat", "GlobalAveragePool", "Sigmoid", "LeakyRelu", "Softmax")
-OWN_RANGE_FLOAT_OUTPUT = ("Sigmoid", "Softmax")  # kept float when they are graph outputs
+CONCAT_RANGE_RATIO = 16.0  # largest input magnitude over the smallest: above it, Concat stays float
 
 
 def quantizer(op_type: str | tuple[str, ...], *, since: int = 1, domain: str = "") -> Callable[[QuantizerRule], QuantizerRule]:
@@ -51,8 +56,7 @@ def quantizer(op_type: str | tuple[str, ...], *, since: int = 1, domain: str = "
     return QUANTIZERS.decorator(op_type, domain=domain, since=since)
 
 
-def _weighted(node: Node, plan: QuantPlan, weight_axis: int, *, bias_index: int | None = 2,
-              float_graph_output: bool = False) -> bool:
+def _weighted(node: Node, plan: QuantPlan, weight_axis: int, *, bias_index: int | None = 2) -> bool:
     x = node.inputs[0]
     weight = node.inputs[1]
     bias = node.inputs[bias_index] if bias_index is not None and len(node.inputs) > bias_index else ""
@@ -62,7 +66,7 @@ def _weighted(node: Node, plan: QuantPlan, weight_axis: int, *, bias_index: int 
     plan.weight(node, 1, weight_axis)
     if bias and plan.can_quantize_bias(bias, weight, weight_axis):
         plan.bias(node, bias_index, x, weight)
-    plan.output(node, 0, float_graph_output=float_graph_output)
+    plan.output(node, 0)
     return True
 
 
@@ -82,19 +86,19 @@ def conv_transpose(node: Node, plan: QuantPlan) -> bool:
 def gemm(node: Node, plan: QuantPlan) -> bool:
     axis = 0 if int(node.attrs.get("transB", 0)) else 1
     bias_index = 2 if float(node.attrs.get("alpha", 1.0)) == 1.0 else None
-    return _weighted(node, plan, axis, bias_index=bias_index, float_graph_output=True)
+    return _weighted(node, plan, axis, bias_index=bias_index)
 
 
 @quantizer("MatMul", since=1)
 def matmul(node: Node, plan: QuantPlan) -> bool:
     a, b = node.inputs[0], node.inputs[1]
     if plan.is_constant(b):
-        return _weighted(node, plan, 1, bias_index=None, float_graph_output=True)
+        return _weighted(node, plan, 1, bias_index=None)
     if not (plan.can_quantize_activation(a) and plan.can_quantize_activation(b)):
         return False
     plan.activation(a)
     plan.activation(b)
-    plan.output(node, 0, float_graph_output=True)
+    plan.output(node, 0)
     return True
 
 
@@ -105,9 +109,11 @@ def own_range(node: Node, plan: QuantPlan) -> bool:
         return False
     if not plan.has_range(node.outputs[0]):
         return False
+    if node.op_type == "Concat" and plan.range_ratio(inputs) > CONCAT_RANGE_RATIO:
+        return False
     for name in inputs:
         plan.activation(name)
-    plan.output(node, 0, float_graph_output=node.op_type in OWN_RANGE_FLOAT_OUTPUT)
+    plan.output(node, 0)
     return True
 
 

@@ -119,3 +119,28 @@ def test_fewer_than_16_calibration_samples_warn_and_the_bar_has_a_total(files, m
     assert result.exit_code == 0, result.output
     assert "warning: calibrated on 6 sample(s): ranges from fewer than 16" in result.output
     assert totals and totals[0] == 6  # "6/6", not "0/?"
+
+
+def test_quantize_command_exits_0_but_says_when_quality_is_poor(files, tmp_path):
+    """Held-out samples 100x larger than the calibration ones saturate: the guard says it."""
+    folder, proto = files
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for seed in range(10):
+        scale = 100.0 if seed % 5 == 4 else 1.0
+        np.save(calib / f"{seed}.npy", zoo.example_inputs(proto, seed=seed)["input"] * scale)
+    result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(calib),
+                                                   "--method", "minmax", "-o", str(tmp_path / "q.eim")])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if "INT8 quality below" in line]
+    assert len(lines) == 1 and "worst layers" in lines[0]
+    assert (tmp_path / "q.eim").exists()
+
+
+def test_quantize_command_refuses_an_unknown_exclude_in_one_line(files, tmp_path):
+    folder, _ = files
+    result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                   "--exclude", "no_such_layer", "-o", str(tmp_path / "q.eim")])
+    assert result.exit_code != 0
+    assert result.output.count("\n") == 1 and "no_such_layer" in result.output
+    assert not (tmp_path / "q.eim").exists()

@@ -77,9 +77,13 @@ def onnxruntime_qdq(digits, tmp_path_factory):
 
 
 def test_at_least_as_accurate_as_onnxruntime_quantize_static(fp32, calibration, digits, onnxruntime_qdq):
+    """With onnxruntime's own method (minmax): at least as accurate. The default (mse, chosen on
+    the real models of benchmarks/bench_int8_real.py) is within one of the 540 test images here."""
     theirs = _accuracy(ei.convert(onnxruntime_qdq[1], optimize=0), digits, "onnxruntime")
-    ours = _accuracy(quantize_static(fp32, calibration), digits, "onnxruntime")
-    assert ours >= theirs
+    same_method = _accuracy(quantize_static(fp32, calibration, method="minmax"), digits, "onnxruntime")
+    default = _accuracy(quantize_static(fp32, calibration), digits, "onnxruntime")
+    assert same_method >= theirs
+    assert default >= theirs - 100.0 / len(digits.test_y) - 1e-9
 
 
 def test_int8_file_relative_to_fp32_no_bigger_than_onnxruntimes(fp32, calibration, onnxruntime_qdq, tmp_path):

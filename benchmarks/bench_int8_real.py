@@ -1,0 +1,191 @@
+"""INT8 on the corpus' real vision models: task metric per calibration method and backend,
+against onnxruntime's quantize_static on the same model and data, and the .eim size.
+
+Models, photos and metrics are tests/quantize/real_tasks.py's (YOLOv8n detection F1, PP-OCR
+text-mask IoU and character agreement, MediaPipe face detector/landmarks output SQNR); every
+metric compares with fp32's outputs on held-out crops that calibration never saw, so fp32
+scores 1.0. For each model: calibrate once (edgeinfer's histograms), quantize with every
+method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quantize_static``
+(QDQ, per-channel int8 weights, uint8 activations, MinMax) of the same fp32 graph with the
+same calibration samples, run on onnxruntime. ``size`` is the INT8 .eim over the fp32 .eim with
+float32 weights. The last table says which method has the best task metric per model and the
+default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
+ROUNDS`` it times instead: fp32 and INT8 (the default method) on onnxruntime in ROUNDS
+interleaved rounds (median ms, one held-out crop at batch 1). Usage::
+
+    python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
+        [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
+        [--latency 0] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quantize"))
+
+from real_tasks import TASKS, RealTask, float32_weights, output_sqnr  # noqa: E402
+
+import edgeinfer as ei  # noqa: E402
+from edgeinfer.ir.lowering import lower_graph  # noqa: E402
+from edgeinfer.ir.onnx_io import graph_to_model  # noqa: E402
+from edgeinfer.quantize import guarded  # noqa: E402
+from edgeinfer.quantize.methods import CALIBRATION_METHODS  # noqa: E402
+from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, quantize_static  # noqa: E402
+
+
+def ort_quantize_static(model: ei.Model, samples: list[dict], folder: Path) -> ei.Model:
+    """onnxruntime's quantize_static (QDQ, per-channel, U8S8, MinMax) of ``model``'s graph."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.samples = iter(samples)
+
+        def get_next(self) -> dict | None:
+            return next(self.samples, None)
+
+    source, target = folder / "fp32.onnx", folder / "ort_int8.onnx"
+    onnx.save(graph_to_model(lower_graph(prepare_graph(model.graph))), source)
+    logging.getLogger().setLevel(logging.ERROR)  # its advice to run pre-processing
+    quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return ei.convert(target, optimize=0)
+
+
+def _run(model: ei.Model, feeds: list[dict], backend: str) -> list[dict]:
+    session = ei.Session(model, backend=backend)
+    try:
+        return [session.run(f) for f in feeds]
+    finally:
+        session.close()
+
+
+def _eim_bytes(model: ei.Model, folder: Path, name: str) -> int:
+    path = folder / f"{name}.eim"
+    model.save(path)
+    return path.stat().st_size
+
+
+def bench_model(task: RealTask, methods: list[str], backends: list[str], per_photo: int) -> dict[str, Any]:
+    fp32 = ei.convert(task.path(), optimize=2)
+    samples, held_out = task.calibration(per_photo), task.held_out(per_photo)
+    reference = _run(fp32, held_out, "onnxruntime")
+    started = time.perf_counter()
+    calibration = calibrate(fp32, samples)
+    rows: dict[str, Any] = {"calibration_samples": len(samples), "held_out": len(held_out),
+                            "calibrate_s": round(time.perf_counter() - started, 1), "variants": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        fp32_bytes = _eim_bytes(float32_weights(fp32), folder, "fp32")
+        for method in methods:
+            calibration.held_out = held_out  # the guard measures on the same held-out crops
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                int8 = guarded(quantize_static(fp32, calibration, method=method), calibration)
+            guard_warned = any("INT8 quality" in str(w.message) for w in caught)
+            row = {"size": round(_eim_bytes(int8, folder, method) / fp32_bytes, 3), "guard_warned": guard_warned}
+            for backend in backends:
+                got = _run(int8, held_out, backend)
+                row[backend] = {"metric": round(task.metric(reference, got), 4),
+                                "sqnr_db": round(output_sqnr(reference, got), 2)}
+            rows["variants"][method] = row
+        ort = ort_quantize_static(fp32, samples, folder)
+        got = _run(ort, held_out, "onnxruntime")
+        rows["variants"]["ort"] = {"size": round(_eim_bytes(ort, folder, "ort") / fp32_bytes, 3),
+                                   "onnxruntime": {"metric": round(task.metric(reference, got), 4),
+                                                   "sqnr_db": round(output_sqnr(reference, got), 2)}}
+    return rows
+
+
+def latency(task: RealTask, rounds: int) -> dict[str, float]:
+    """Median ms of fp32 and INT8 (the default method) on onnxruntime, interleaved."""
+    import functools
+
+    import numpy as np
+
+    from edgeinfer.timing import time_interleaved
+
+    fp32 = ei.convert(task.path(), optimize=2)
+    int8 = quantize_static(fp32, calibrate(fp32, task.calibration(1)))
+    feeds = task.held_out(1)[0]
+    sessions = {"fp32": ei.Session(fp32, backend="onnxruntime"), "int8": ei.Session(int8, backend="onnxruntime")}
+    times = time_interleaved({k: functools.partial(s.run, feeds) for k, s in sessions.items()}, rounds=rounds, warmup=2)
+    median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
+    return {"fp32_ms": round(median["fp32"], 2), "int8_ms": round(median["int8"], 2),
+            "int8_over_fp32": round(median["int8"] / median["fp32"], 2)}
+
+
+def print_table(results: dict[str, Any], backends: list[str]) -> None:
+    print(f"{'model':<28} {'variant':<10} {'size':>6}  " + "  ".join(f"{b + ' metric':>18} {'SQNR':>6}" for b in backends)
+          + "  guard")
+    for name, result in results.items():
+        task = TASKS[name]
+        for variant, row in result["variants"].items():
+            cells = []
+            for backend in backends:
+                cell = row.get(backend)
+                cells.append(f"{cell['metric']:>18.4f} {cell['sqnr_db']:>6.1f}" if cell else f"{'-':>18} {'-':>6}")
+            guard = "" if variant == "ort" else ("WARNED" if row["guard_warned"] else "ok")
+            print(f"{name:<28} {variant:<10} {row['size']:>6.3f}  " + "  ".join(cells) + f"  {guard}")
+        print(f"{'':<28} ({task.metric_name}; target >= {task.target:g}; fp32 = 1 or inf)")
+
+
+def best_methods(results: dict[str, Any], methods: list[str]) -> dict[str, Any]:
+    """Per model, each method's rank by the worst metric over backends (1 = best); the method
+    with the best mean rank is the measured default."""
+    ranks: dict[str, list[int]] = {m: [] for m in methods}
+    for result in results.values():
+        worst = {m: min(cell["metric"] for key, cell in result["variants"][m].items() if isinstance(cell, dict))
+                 for m in methods}
+        for rank, method in enumerate(sorted(methods, key=lambda m: -worst[m]), 1):
+            ranks[method].append(rank)
+    mean = {m: sum(r) / len(r) for m, r in ranks.items() if r}
+    return {"mean_rank": mean, "best": min(mean, key=mean.get) if mean else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
+    parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"])
+    parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
+    parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
+                        help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    results: dict[str, Any] = {}
+    if args.latency:
+        timings = {name: latency(TASKS[name], args.latency) for name in args.models}
+        for name, row in timings.items():
+            print(f"{name:<28} onnxruntime fp32 {row['fp32_ms']:8.2f} ms  int8 {row['int8_ms']:8.2f} ms  "
+                  f"int8/fp32 {row['int8_over_fp32']:.2f}x")
+        if args.json:
+            args.json.write_text(json.dumps({"latency": timings}, indent=2))
+        return
+    for name in args.models:
+        started = time.perf_counter()
+        results[name] = bench_model(TASKS[name], args.methods, args.backends, args.per_photo)
+        print(f"# {name}: {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
+    print_table(results, args.backends)
+    choice = best_methods(results, args.methods)
+    ranks = ", ".join(f"{m} {r:.2f}" for m, r in sorted(choice["mean_rank"].items(), key=lambda kv: kv[1]))
+    print(f"mean rank of the worst-backend task metric (1 = best): {ranks}; best: {choice['best']} "
+          f"(DEFAULT_METHOD is {DEFAULT_METHOD})")
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "choice": choice}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

