@@ -125,7 +125,7 @@ def bind(inputs: Sequence, shapes: Mapping[str, Shape], *, batch: int = 1,
 def _match(info, shape: tuple, source: str, bound: dict[str, tuple[int, str]]) -> tuple[int, ...]:
     """``shape`` checked against what ``info`` declares (as ``Session`` checks a feed); its symbols
     recorded in ``bound`` ({symbol: (value, input name)})."""
-    from edgeinfer.session import _check_shape
+    from edgeinfer.runtime.feeds import _check_shape
 
     if any(not isinstance(d, int) for d in shape):
         raise InputError(f"{source} {info.name}: {shape} has a symbolic dim; give numbers")
