@@ -135,6 +135,8 @@ def measure(entry: RealModel, *, backends: Sequence[str], threads: int, runs: in
             runs_by_name[backend] = (lambda s: lambda: s.run(named))(session)
         except ei.EdgeInferError as exc:
             results[backend] = {"refused": short(exc)}
+        except Exception as exc:  # noqa: BLE001 -- an untyped failure is a bug to show, not to crash on
+            results[backend] = {"refused": f"BUG, untyped {type(exc).__name__}: {short(exc)}"}
     try:  # one untimed call per turn before each timed one: no engine is timed beside another's spin
         times = time_interleaved(runs_by_name, rounds=runs, warmup=warmup, block=1, settle=1)
     finally:
