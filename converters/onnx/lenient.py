@@ -256,7 +256,7 @@ def check_leniently(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
             notes.append(note or f"output(s) left untyped for the IR to infer ({message})")
     if notes:
         warnings.warn(f"{where}: repaired as onnxruntime would run it: {'; '.join(notes)}",
-                      OnnxLeniencyWarning, stacklevel=4)
+                      OnnxLeniencyWarning, stacklevel=5)
     return working
 
 

