@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 TESTS=(
     tests/backends/onnxruntime/test_int8.py
+    tests/backends/openvino/test_openvino_int8.py
     tests/backends/numpy/test_nn_random.py::test_qlinear_conv_per_channel_matches_onnxruntime
     tests/backends/numpy/test_nn_random.py::test_matmul_integer_per_row_and_column_zero_points
     tests/quantize/test_dynamic_fp16.py::test_dynamic_quantization_is_accurate_on_every_backend

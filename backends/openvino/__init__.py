@@ -48,8 +48,9 @@ def describe_part(graph: Graph) -> str | None:
     """What the plan says of a part placed here: whether its int8 products are exact on this
     CPU (see ``int8.py``)."""
     from edgeinfer.backends.openvino.int8 import graph_integer_path
+    from edgeinfer.ir.lowering import lower_graph
 
-    path = graph_integer_path(graph)
+    path = graph_integer_path(lower_graph(graph))
     return None if path is None else f"int8 {path} (CPU)"
 
 
