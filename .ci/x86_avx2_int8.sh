@@ -31,4 +31,7 @@ qemu-x86_64-static -cpu Haswell "$PYTHON" -m pytest -q -rs -p no:cacheprovider "
 # CPU that does not saturate this step would test nothing
 grep -q "saturate on this CPU (probe: " "$LOG" \
     || fail "onnxruntime did not saturate on the emulated CPU (no probe skip in the output above)"
+# and OpenVINO's exact path must have been taken there (its test skips where the kernels are exact)
+! grep -q "OpenVINO's u8 x s8 kernels are exact here" "$LOG" \
+    || fail "OpenVINO did not saturate on the emulated CPU: its exact path was not tested"
 step "done"

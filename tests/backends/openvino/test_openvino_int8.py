@@ -117,3 +117,16 @@ def test_float_graphs_have_no_integer_path(mlp_model):
     session = ei.Session(ei.convert(mlp_model), backend="openvino")
     assert "int8" not in session.plan.describe()
     assert session.executable.stats()["integer_path"] is None
+
+
+def test_compile_takes_the_exact_path_where_the_kernels_saturate(rng):
+    """The compiled graph carries uint8 weights where the probe saturates (the CI step under
+    ``qemu-x86_64-static -cpu Haswell`` fails if this is skipped there)."""
+    if not int8.saturates():
+        pytest.skip(f"OpenVINO's u8 x s8 kernels are exact here (probe: {int8.probe_value()})")
+    model, feeds, exact = _qdq_matmul(rng)
+    executable = _compile(model)
+    assert executable.integer_path == int8.EXACT_REWRITE
+    dtypes = {a.dtype for a in executable.graph.initializers.values() if a.size > 1}
+    assert np.dtype(np.uint8) in dtypes and np.dtype(np.int8) not in dtypes
+    assert_close(executable.run(feeds)["y"], exact, int_steps=1)
