@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 TESTS=(
     tests/backends/onnxruntime/test_int8.py
+    tests/backends/openvino/test_openvino_int8.py
     tests/backends/numpy/test_nn_random.py::test_qlinear_conv_per_channel_matches_onnxruntime
     tests/backends/numpy/test_nn_random.py::test_matmul_integer_per_row_and_column_zero_points
     tests/quantize/test_dynamic_fp16.py::test_dynamic_quantization_is_accurate_on_every_backend
@@ -30,4 +31,7 @@ qemu-x86_64-static -cpu Haswell "$PYTHON" -m pytest -q -rs -p no:cacheprovider "
 # CPU that does not saturate this step would test nothing
 grep -q "saturate on this CPU (probe: " "$LOG" \
     || fail "onnxruntime did not saturate on the emulated CPU (no probe skip in the output above)"
+# and OpenVINO's exact path must have been taken there (its test skips where the kernels are exact)
+! grep -q "OpenVINO's u8 x s8 kernels are exact here" "$LOG" \
+    || fail "OpenVINO did not saturate on the emulated CPU: its exact path was not tested"
 step "done"

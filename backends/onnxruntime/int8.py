@@ -114,13 +114,13 @@ def graph_integer_path(graph: Graph) -> str | None:
     saturate, ``"exact (u8 weights, zp+128)"`` (rewritten), ``"exact (7-bit weights)"`` (every
     u8 x s8 weight fits in 7 bits), ``"exact"`` (int8 x int8 only, which does not saturate) or
     ``"saturating"`` (a weight that is not a constant, which cannot be rewritten)."""
-    integer = [node for node in graph.nodes if _int8_weight(node, graph)]
+    integer = int8_weight_nodes(graph)
     if not integer:
         return None
     if not saturates():
         return integer_path()
     narrow = [node for node in integer if not _saturable(node, graph)]  # int8 x int8 products
-    if narrow and saturates("int8") and any(_weight_or_wide(node, graph) for node in narrow):
+    if narrow and saturates("int8") and any(wide_weight(node, graph) for node in narrow):
         return SATURATING
     weights = [_weight(node, graph) for node in integer if _saturable(node, graph)]
     wide = [w for w in weights if w is None or _needs_rewrite(w)]
@@ -133,7 +133,13 @@ def graph_integer_path(graph: Graph) -> str | None:
     return EXACT_REWRITE
 
 
-def _weight_or_wide(node: Node, graph: Graph) -> bool:
+def int8_weight_nodes(graph: Graph) -> list[Node]:
+    """The integer products over int8 weights, and the DequantizeLinear of constant int8 weights."""
+    return [node for node in graph.nodes if _int8_weight(node, graph)]
+
+
+def wide_weight(node: Node, graph: Graph) -> bool:
+    """Whether ``node``'s int8 weight could saturate u8 x s8 kernels: not a constant, or beyond 7 bits."""
     weight = _weight(node, graph)
     return weight is None or _needs_rewrite(weight)
 
@@ -172,17 +178,20 @@ def _needs_rewrite(weight: np.ndarray) -> bool:
     return bool(weight.size) and int(np.abs(weight.astype(np.int16)).max()) > SEVEN_BIT_LIMIT
 
 
-def exact_weights(graph: Graph) -> tuple[Graph, list[str]]:
+def exact_weights(graph: Graph, *, int8_activations: bool = False) -> tuple[Graph, list[str]]:
     """``graph`` with every constant int8 weight that could saturate rewritten as uint8
     ``w + 128`` with zero point ``z + 128`` (the same products), and the labels of the nodes
-    rewritten. Weights within [-64, 64] and non-constant ones are left as they are."""
+    rewritten. Weights within [-64, 64] and non-constant ones are left as they are; so are those
+    of products over int8 activations unless ``int8_activations`` (OpenVINO, whose CPU plugin
+    takes uint8 weights with int8 activations; onnxruntime has no such QLinearConv)."""
     taken = set(graph.values) | {n.name for n in graph.nodes if n.name}
     initializers = graph.initializers
     converted: dict[tuple[str, str], tuple[str, str]] = {}  # (weight, zero point) -> new names
     nodes: list[Node] = []
     rewritten: list[str] = []
     for node in graph.nodes:
-        weight = _weight(node, graph) if _saturable(node, graph) else None
+        chosen = _int8_weight(node, graph) if int8_activations else _saturable(node, graph)
+        weight = _weight(node, graph) if chosen else None
         if weight is None or not _needs_rewrite(weight):
             nodes.append(node)
             continue

@@ -23,6 +23,11 @@ Engine options (``Session(model, backend="openvino", performance_hint="THROUGHPU
 
 ``CompileOptions.threads`` becomes ``INFERENCE_NUM_THREADS``; ``CompileOptions.debug`` turns
 on OpenVINO's per-node profiling (``Executable.stats()["profile"]``).
+
+INT8: where this CPU plugin's u8 x s8 kernels saturate (``int8.saturates()``, probed once per
+process: x86 without VNNI), compile rewrites int8 weights as uint8 with zero point + 128, which
+OpenVINO computes in float32 kernels, exactly and at about fp32 speed; ``int8.integer_path()``
+names the path, the plan says it per part and ``Executable.stats()["integer_path"]`` per executable.
 """
 
 from typing import Any
@@ -48,8 +53,9 @@ def describe_part(graph: Graph) -> str | None:
     """What the plan says of a part placed here: whether its int8 products are exact on this
     CPU (see ``int8.py``)."""
     from edgeinfer.backends.openvino.int8 import graph_integer_path
+    from edgeinfer.ir.lowering import lower_graph
 
-    path = graph_integer_path(graph)
+    path = graph_integer_path(lower_graph(graph))
     return None if path is None else f"int8 {path} (CPU)"
 
 

@@ -28,6 +28,7 @@ from edgeinfer.ir.lowering import find_lowering, lower_graph
 from edgeinfer.ir.onnx_io import schema_reason
 
 from .convert import backend_error, export, memory_external_data_supported, read_onnx
+from .int8 import exact_graph
 from .support import node_reason
 
 DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
@@ -56,12 +57,13 @@ class OpenVinoExecutable(Executable):
     thread_safe = True  # one InferRequest per calling thread
 
     def __init__(self, graph: Graph, compiled: Any, device_name: str, names: Mapping[str, Node],
-                 buffers: list[np.ndarray] | None = None):
+                 buffers: list[np.ndarray] | None = None, integer_path: str | None = None):
         super().__init__(graph)
         self._buffers = list(buffers or [])  # weights whose addresses the exported model carried
         self._names = dict(names)  # OpenVINO's names (node and output names) -> IR node
         self.compiled = compiled
         self.device_name = device_name
+        self.integer_path = integer_path  # how its int8 products are computed here (see int8.py)
         self._ports = list(compiled.outputs)
         self._inputs = {name for port in compiled.inputs for name in port.get_names()}
         self._local = threading.local()
@@ -94,7 +96,8 @@ class OpenVinoExecutable(Executable):
         return self.compiled.get_property(name)
 
     def stats(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"device": self.device_name, "in_memory_weights": memory_external_data_supported()}
+        facts: dict[str, Any] = {"device": self.device_name, "in_memory_weights": memory_external_data_supported(),
+                                 "integer_path": self.integer_path}
         for key, name in (("execution_devices", "EXECUTION_DEVICES"), ("inference_num_threads", "INFERENCE_NUM_THREADS"),
                           ("performance_hint", "PERFORMANCE_HINT"), ("inference_precision", "INFERENCE_PRECISION_HINT"),
                           ("num_streams", "NUM_STREAMS"),
@@ -141,6 +144,9 @@ class OpenVinoBackend(Backend):
             listed = "; ".join(f"{label}: {reason}" for label, reason in refused[:5])
             raise BackendError(f"openvino cannot run {len(refused)} node(s) of graph {graph.name!r}: {listed}")
         lowered = lower_graph(graph)
+        integer_path = None
+        if "CPU" in device_name:  # the probe measures the CPU plugin's kernels; a GPU's are its own
+            lowered, integer_path = exact_graph(lowered)  # int8 weights as uint8 where they saturate here
         model_bytes, names, buffers = export(lowered)
         try:
             model = read_onnx(model_bytes)
@@ -157,7 +163,7 @@ class OpenVinoBackend(Backend):
         # OpenVINO 2026 copies the buffers while reading; an engine that kept their addresses
         # (its constants referring to them in place) must find them alive: they live as long as
         # the executable (mostly the graph's own arrays, so this costs nothing).
-        return OpenVinoExecutable(lowered, compiled, device_name, names, buffers)
+        return OpenVinoExecutable(lowered, compiled, device_name, names, buffers, integer_path)
 
 
 def resolve_device(requested: str, available: list[str], fallback: bool) -> str:

@@ -1,13 +1,28 @@
-"""Does OpenVINO's CPU plugin saturate uint8 x int8 products on this CPU?
+"""INT8 on every CPU for OpenVINO: does its CPU plugin saturate u8 x s8 products here, and the exact path.
 
 Like onnxruntime's (``edgeinfer.backends.onnxruntime.int8``), OpenVINO's CPU integer kernels
 (oneDNN) add pairs of u8 x s8 products in int16 on x86 CPUs without VNNI and saturate there:
 measured under ``qemu-x86_64-static -cpu Haswell``, a QDQ MatMul and QLinearMatMul are off by
-up to 5 steps, a per-channel QDQ Conv by up to 74 (MatMulInteger is exact: OpenVINO does not
-run it in those kernels). The probe is the QDQ form OpenVINO fuses into them: uint8 ``[255] * 4``
-by int8 ``[127] * 4``, requantized so that the exact sum 129540 is 127; a saturating CPU gives 64
-(``65534 / 1020``). This backend has no exact path yet: where it saturates, ``integer_path()``
-says so, and the plan names it for each OpenVINO part that has int8 weights.
+up to 5 steps, a per-channel QDQ Conv by up to 74 (MatMulInteger and ConvInteger are exact:
+OpenVINO does not run them in those kernels). The probe is the QDQ form OpenVINO fuses into
+them: uint8 ``[255] * 4`` by int8 ``[127] * 4``, requantized so that the exact sum 129540 is 127;
+a saturating CPU gives 64 (``65534 / 1020``). ``saturates()`` runs it once per process.
+
+The exact path where it saturates (``exact_graph``, applied by ``compile`` for the CPU): the
+onnxruntime backend's rewrite (``exact_weights``), int8 weights ``w`` with zero point ``z`` as
+uint8 ``w + 128`` with zero point ``z + 128`` (the same numbers), here also under int8
+activations. OpenVINO's low-precision transformations take only int8 weights, so the rewritten
+nodes run in its float32 kernels on the dequantized values: measured under ``-cpu Haswell``,
+QDQ Conv, QDQ MatMul and QLinearMatMul then match int64 math exactly (``max 0`` steps; a float
+requantization may in principle round a tie one step apart), as turning the transformations off
+(the internal ``LP_TRANSFORMS_MODE`` property) does for the whole model. Weights within [-64, 64]
+cannot saturate (``2 * 255 * 64 = 32640``) and keep the integer kernels (``reduce_range=True``).
+What the exact path costs (``python benchmarks/bench_int8_exact_path.py --engine openvino``,
+MobileNetV2 and ResNet-50 at 160x160, 2 threads, one run on this machine's loaded VNNI CPU):
+float32 speed, 0.94-1.07x fp32 latency, 2.1-3.2x that of the native INT8 kernels; turning the
+transformations off instead measured 0.91-1.18x fp32 in the same run (no consistent winner), and
+is an internal property for the whole model, so the per-node rewrite is the one used. 7-bit
+weights keep the integer kernels' speed (2.0-4.3x fp32) for 0.7-2.8 dB of output SQNR.
 """
 
 from __future__ import annotations
@@ -16,11 +31,19 @@ import threading
 
 import numpy as np
 
+from edgeinfer.backends.onnxruntime.int8 import (
+    SATURATING,
+    SEVEN_BIT,
+    exact_weights,
+    int8_weight_nodes,
+    wide_weight,
+)
 from edgeinfer.ir import Graph
 
 EXACT_OUTPUT = 127  # round(4 * 255 * 127 / 1020)
 EXACT = "exact"
-SATURATING = "saturating"
+EXACT_REWRITE = "exact (u8 weights, zp+128: float kernels)"
+WIDENED = ("MatMulInteger", "ConvInteger")  # OpenVINO computes these exactly on every CPU (measured)
 
 _lock = threading.Lock()
 _probed: list[int] = []
@@ -38,8 +61,8 @@ def probe_value() -> int:
 def _run_probe() -> int:
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgeinfer.backends.openvino.backend import OpenVinoBackend
-    from edgeinfer.ir.onnx_io import graph_from_model
+    from edgeinfer.backends.openvino.backend import compile_config, core
+    from edgeinfer.backends.openvino.convert import read_onnx
 
     consts = {"xs": np.float32(1), "xz": np.uint8(0), "w": np.full((4, 1), 127, np.int8), "ws": np.float32(1),
               "wz": np.int8(0), "ys": np.float32(1020), "yz": np.uint8(0)}
@@ -52,9 +75,10 @@ def _run_probe() -> int:
                               [numpy_helper.from_array(np.asarray(v), n) for n, v in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
-    executable = OpenVinoBackend(device="cpu").compile(graph_from_model(model))
-    (result,) = executable.run({"x": np.full((1, 4), 255, np.uint8)}).values()
-    return int(np.asarray(result).reshape(-1)[0])
+    # compiled directly (not by the backend, whose compile applies the exact path this decides)
+    compiled = core().compile_model(read_onnx(model.SerializeToString()), "CPU", compile_config("CPU", {}, None, False))
+    result = compiled.create_infer_request().infer({"x": np.full((1, 4), 255, np.uint8)})
+    return int(np.asarray(next(iter(result.values()))).reshape(-1)[0])
 
 
 def saturates() -> bool:
@@ -63,11 +87,30 @@ def saturates() -> bool:
 
 
 def integer_path() -> str:
-    """``"exact"``, or ``"saturating"`` where OpenVINO's CPU kernels saturate here."""
-    return SATURATING if saturates() else EXACT
+    """``"exact"``, or where OpenVINO's CPU kernels saturate here, the exact path's name
+    (``"exact (u8 weights, zp+128: float kernels)"``)."""
+    return EXACT_REWRITE if saturates() else EXACT
+
+
+def exact_graph(graph: Graph) -> tuple[Graph, str | None]:
+    """``graph`` as OpenVINO's CPU plugin computes it exactly here, and its integer path (None
+    for a graph without int8 weights): unchanged and ``"exact"`` where the kernels do not
+    saturate; where they do, int8 weights rewritten (``exact_weights``) and
+    ``"exact (u8 weights, zp+128: float kernels)"``, ``"exact (7-bit weights)"`` (no weight
+    needs it) or ``"saturating"`` (a weight that is not a constant, which cannot be rewritten)."""
+    nodes = int8_weight_nodes(graph)
+    if not nodes:
+        return graph, None
+    if not saturates():
+        return graph, EXACT
+    rewritten, labels = exact_weights(graph, int8_activations=True)
+    if any(n.op_type not in WIDENED and wide_weight(n, rewritten) for n in int8_weight_nodes(rewritten)):
+        return rewritten, SATURATING
+    if labels:
+        return rewritten, EXACT_REWRITE
+    return graph, EXACT if any(wide_weight(n, graph) for n in nodes) else SEVEN_BIT
 
 
 def graph_integer_path(graph: Graph) -> str | None:
-    """``integer_path()`` for a graph with int8 weights on the CPU, None for one without."""
-    has_int8 = any(v.const is not None and v.dtype == "int8" and v.const.size > 1 for v in graph.values.values())
-    return integer_path() if has_int8 else None
+    """The integer path OpenVINO's CPU plugin takes for ``graph`` here (see ``exact_graph``)."""
+    return exact_graph(graph)[1]

@@ -144,8 +144,6 @@ def test_onnxruntime_backend_is_exact_on_every_cpu(case, rng):
 # BUG: the tflite backend's supports() accepts a graph whose uint8 input its exporter then
 # refuses ("TFLite integer graphs take int8"), so compile fails instead of the node falling back
 TFLITE_UINT8_INPUT = "tflite backend accepts uint8 graph inputs that its exporter refuses"
-# OpenVINO does not run these in its u8 x s8 kernels: exact under qemu -cpu Haswell (measured)
-OPENVINO_WIDENS = ("matmul_integer", "conv_integer_int8_weights")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "openvino", "tflite"])
@@ -176,10 +174,8 @@ def test_other_backends_match_int64_math_where_they_run_the_op(backend, case, rn
     if backend == "openvino":
         from edgeinfer.backends.openvino import int8 as openvino_int8
 
+        # where its kernels saturate, the backend rewrites int8 weights (exact_graph): exact on every CPU
         assert "int8 " + openvino_int8.integer_path() in session.plan.describe()
-        if openvino_int8.saturates() and case not in OPENVINO_WIDENS:
-            pytest.skip(f"OpenVINO's u8 x s8 kernels saturate on this CPU (probe: {openvino_int8.probe_value()} "
-                        f"for {openvino_int8.EXACT_OUTPUT}); it has no exact path yet")
     assert_close(got, exact, int_steps=STEPS.get(case, 1), name=f"{backend} {case}")
 
 
