@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -63,16 +64,19 @@ def test_bench_prints_tables_profile_and_peers_and_writes_a_png(tmp_path, onnx_f
     assert "median ms" in result.output and "peak RSS MiB" in result.output
     nodes = len(ei.convert(onnx_file).graph.nodes)
     assert f"numpy: slowest 3 ops of {nodes}" in result.output
-    assert "raw onnxruntime" in result.output and f"wrote {png}" in result.output
+    assert "raw onnxruntime (original file)" in result.output and f"wrote {png}" in result.output
     document = json.loads(out.read_text())
     raw = {r["backend"]: r for r in document["latency"] if r["peer"]}
-    assert raw["raw onnxruntime"]["runs_on"] == str(onnx_file)  # the user's own file, not an export
+    # the user's own file, not an export, once: as the native baseline, not again as a peer
+    assert raw["raw onnxruntime (original file)"]["runs_on"] == str(onnx_file)
+    assert raw["raw onnxruntime (original file)"]["native"] and "raw onnxruntime" not in raw
     medians = {r["backend"]: r["ms"]["median"] for r in document["latency"]}
     for ours, row in document["peer_ratios"].items():
         for peer, ratio in row.items():
             assert ratio == pytest.approx(medians[ours] / medians[peer])
+    installed = {f"raw {name}" for name in peers.PEERS if peers.PEERS[name].installed()}
     assert set(raw) | {f"raw {name}" for name in document["skipped_peers"]} == \
-        {f"raw {name}" for name in peers.PEERS if peers.PEERS[name].installed()} | \
+        (installed - {"raw onnxruntime"}) | {"raw onnxruntime (original file)"} | \
         {f"raw {name}" for name in document["skipped_peers"]}
     import matplotlib.image
 
@@ -275,10 +279,11 @@ def test_the_compact_table_fits_80_columns_and_the_full_one_has_every_column(onn
 
     model = ei.convert(onnx_file)
     reports = bench.latency(model, ["numpy", "onnxruntime", ["openvino", "onnxruntime"]],
-                            model.random_feeds(), threads=1, runs=2, warmup=0, peers=["onnxruntime"],
+                            model.random_feeds(), threads=1, runs=2, warmup=0, peers=["onnxruntime", "openvino"],
                             source=onnx_file, profile=False)
+    assert [r.backend for r in reports if r.native] == ["raw onnxruntime (original file)"]
     failed = {"tflite": "a reason"}
-    for width, headings in ((80, tables.COMPACT), (160, tuple(tables.COLUMNS))):
+    for width, headings in ((80, (*tables.COMPACT, "original")), (180, (*tables.COLUMNS, tables.VS_NATIVE))):
         console = Console(width=width, record=True, color_system=None)
         console.print(tables.latency_table(reports, failed, width=console.width))
         text = console.export_text()
@@ -288,4 +293,170 @@ def test_the_compact_table_fits_80_columns_and_the_full_one_has_every_column(onn
         assert {"numpy", "onnxruntime", "openvino+onnxruntime", "raw", "tflite"} <= set(rows), text
         for heading in headings:
             assert heading in text
-        assert ("first ms" in text) == (width == 160)
+        assert ("first ms" in text) == (width == 180)
+        assert "(original" in text  # the baseline's row, folded in the compact table
+
+
+# -- the original file on its native engine (issue 22) -------------------------------------------
+def _bench_json(tmp_path, model_path, *args):
+    out = tmp_path / "native.json"
+    result = invoke("bench", model_path, "--runs", 3, "--warmup", 1, "--top", 0, "--peers", "--json", out, *args)
+    assert result.exit_code == 0, result.output
+    return result.output, json.loads(out.read_text())
+
+
+def _check_baseline(output: str, document: dict, label: str, runs_on, expected: list, got: dict) -> None:
+    """The baseline's row is in the table and the JSON, timed like every contender; each edgeinfer
+    contender's ratio is its median over the baseline's, and its reported output error is the one
+    computed here from ``expected`` (the native engine, run by the test) and ``got`` (edgeinfer)."""
+    rows = [line for line in output.splitlines() if line.startswith("│")]
+    assert any(line.split("│")[1].strip() == label for line in rows), output
+    assert "vs original" in output and f"{label}: {runs_on}" in output
+    reports = {r["backend"]: r for r in document["latency"]}
+    base = reports[label]
+    assert base["native"] and base["peer"] and base["runs_on"] == str(runs_on)
+    assert len(base["samples_ms"]) == 3  # timed in the same interleaved rounds as the others
+    native = document["native"]
+    assert native["label"] == label and native["runs_on"] == str(runs_on)
+    ours = [r for r in document["latency"] if not r["peer"]]
+    assert ours and set(native["ratios"]) == set(native["outputs"]) == {r["backend"] for r in ours}
+    for report in ours:
+        ratio = report["ms"]["median"] / base["ms"]["median"]
+        assert native["ratios"][report["backend"]] == pytest.approx(ratio)
+        assert report["vs_native"] == pytest.approx(ratio)
+        assert document["peer_ratios"][report["backend"]][label] == pytest.approx(ratio)
+        check = native["outputs"][report["backend"]]
+        assert check == report["native_check"] and check["within_tolerance"], check
+        errors = [float(np.max(np.abs(np.asarray(got[name], np.float64) - np.asarray(want, np.float64))))
+                  for name, want in expected]
+        tolerances = [bench.NATIVE_RTOL * float(np.max(np.abs(want))) + bench.NATIVE_ATOL for _, want in expected]
+        # bench's sessions and engines may use other thread counts than the test's: other fp32
+        # summation orders, so the errors agree to within a tenth of the tolerance, not exactly
+        index = [name for name, _ in expected].index(check["output"])
+        assert check["tolerance"] == pytest.approx(tolerances[index])
+        assert check["max_abs_error"] == pytest.approx(errors[index], abs=0.1 * tolerances[index])
+        assert check["max_abs_error"] / tolerances[index] >= max(np.divide(errors, tolerances)) - 0.1
+        assert all(e <= t for e, t in zip(errors, tolerances, strict=True))
+
+
+def test_bench_peers_times_a_real_tflite_on_litert_as_the_baseline(tmp_path):
+    from ai_edge_litert import interpreter as litert
+
+    from tests.real.corpus import image_input, model_file
+
+    source = model_file("mediapipe", "mediapipe/modules/face_detection/face_detection_short_range.tflite")
+    photo = image_input("china", 128, 128, mean=127.5, std=127.5, layout="NHWC")
+    np.save(tmp_path / "photo.npy", photo)
+    output, document = _bench_json(tmp_path, source, "--backend", "numpy", "-i", f"input={tmp_path / 'photo.npy'}")
+    engine = litert.Interpreter(model_path=str(source))
+    engine.allocate_tensors()
+    engine.set_tensor(engine.get_input_details()[0]["index"], photo)
+    engine.invoke()
+    expected = [(d["name"], engine.get_tensor(d["index"])) for d in engine.get_output_details()]
+    got = ei.Session(ei.convert(source), backend="numpy").run({"input": photo})
+    _check_baseline(output, document, "raw LiteRT (original file)", source, expected, got)
+    assert "raw litert" not in {r["backend"] for r in document["latency"]}  # the same file is not timed twice
+
+
+def test_bench_peers_times_the_onnx_file_on_onnxruntime_as_the_baseline(tmp_path):
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    source = Path(__file__).resolve().parents[1] / "models" / "sample_cnn.onnx"
+    feed = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", feed)
+    output, document = _bench_json(tmp_path, source, "--backend", "numpy,onnxruntime", "-i", f"input={tmp_path / 'x.npy'}")
+    session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    expected = list(zip(names, session.run(None, {"input": feed}), strict=True))
+    got = ei.Session(ei.convert(source), backend="numpy").run({"input": feed})
+    _check_baseline(output, document, "raw onnxruntime (original file)", source, expected, got)
+
+
+def _torchscript(folder):
+    import torch
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                 torch.nn.Linear(4 * 6 * 6, 2)).eval()
+    path = folder / "tiny.pt"
+    torch.jit.save(torch.jit.trace(module, torch.randn(1, 3, 8, 8)), str(path))
+    return path
+
+
+def test_bench_peers_runs_torchscript_on_torch_for_an_eim_whose_source_is_next_to_it(tmp_path):
+    import torch
+
+    source = _torchscript(tmp_path)
+    model = ei.convert(source, input_shapes={"input": (1, 3, 8, 8)})
+    model.save(tmp_path / "tiny.eim")
+    feed = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", feed)
+    output, document = _bench_json(tmp_path, tmp_path / "tiny.eim", "--backend", "numpy,onnxruntime",
+                                   "-i", f"input={tmp_path / 'x.npy'}")
+    with torch.no_grad():
+        expected = [(model.outputs[0].name, torch.jit.load(str(source))(torch.from_numpy(feed)).numpy())]
+    got = ei.Session(model, backend="numpy").run({"input": feed})
+    _check_baseline(output, document, "raw torch (original file)", source, expected, got)
+    # and the TorchScript file itself as the bench's source (the library call; the CLI asks for shapes)
+    reports = bench.latency(model, ["numpy"], {"input": feed}, threads=1, runs=2, warmup=0, source=source,
+                            native=True, profile=False)
+    assert [r.backend for r in reports] == ["numpy", "raw torch (original file)"]
+    assert reports[0].native_check["within_tolerance"] and reports[0].vs_native > 0
+
+
+def test_bench_peers_on_an_eim_without_its_source_says_so_in_one_line(tmp_path, onnx_file):
+    model = ei.convert(onnx_file)
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    model.save(folder / "mlp.eim")
+    output, document = _bench_json(tmp_path, folder / "mlp.eim", "--backend", "numpy")
+    reason = f"no original file to compare with: {folder / 'mlp.eim'} was converted from mlp.onnx, which is not next to it"
+    assert document["native"] == {"label": None, "none": reason}
+    assert [line for line in output.splitlines() if "original file" in line] == [reason]
+    assert not any(r["native"] for r in document["latency"]) and "vs original" not in output
+
+
+@pytest.mark.parametrize("recorded, why", [(None, "records no source file"),
+                                           ("../mlp.onnx", "which is not a bare file name"),
+                                           ("mlp.keras", "bench runs no native engine for .keras files")])
+def test_an_eim_names_its_original_file_only_as_a_file_next_to_it(tmp_path, mlp_model, recorded, why):
+    model = ei.convert(mlp_model)
+    if recorded is not None:
+        model.metadata["source_file"] = recorded
+        (tmp_path / recorded).write_bytes(b"")  # present, so only the name decides
+    with pytest.raises(peers.NoOriginalFile, match=re.escape(why)):
+        peers.original_file(tmp_path / "model.eim", model)
+
+
+def test_a_native_engine_that_cannot_run_the_file_is_a_failed_row_saying_why(tmp_path, onnx_file, monkeypatch):
+    def refuse(data, threads):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : simulated load failure")
+
+    monkeypatch.setattr(peers, "_onnxruntime", refuse)
+    output, document = _bench_json(tmp_path, onnx_file, "--backend", "numpy")
+    label = "raw onnxruntime (original file)"
+    assert f"{label} failed: RuntimeError: [ONNXRuntimeError] : 1 : FAIL : simulated load failure" in output
+    row = next(line for line in output.splitlines() if line.startswith("│") and label in line)
+    assert "failed" in row
+    assert document["native"] == {"label": label, "failed": document["failed"][label]}
+    assert [r["backend"] for r in document["latency"] if not r["peer"]] == ["numpy"]  # the others still timed
+
+
+def test_compare_outputs_bounds_each_output_by_its_own_largest_magnitude():
+    rng = np.random.default_rng(0)
+    big, small = 100 * rng.standard_normal((2, 8)), rng.standard_normal(5)
+    bound_big = bench.NATIVE_RTOL * np.abs(big).max() + bench.NATIVE_ATOL
+    close = {"a": big + 0.5 * bound_big, "b": small}
+    check = bench.compare_outputs(["a", "b"], [big, small], close)
+    assert check["within_tolerance"] and check["output"] == "a"
+    assert check["max_abs_error"] == pytest.approx(0.5 * bound_big) and check["tolerance"] == pytest.approx(bound_big)
+    far = {"a": big, "b": small + 2 * (bench.NATIVE_RTOL * np.abs(small).max() + bench.NATIVE_ATOL)}
+    assert not bench.compare_outputs(["a", "b"], [big, small], far)["within_tolerance"]
+    nan = {"a": big, "b": np.where(np.arange(5) == 2, np.nan, small)}
+    assert bench.compare_outputs(["a", "b"], [big, small], nan) == {
+        "within_tolerance": False, "output": "b", "max_abs_error": None, "tolerance": pytest.approx(
+            bench.NATIVE_RTOL * np.abs(small).max() + bench.NATIVE_ATOL)}
+    shape = bench.compare_outputs(["a", "b"], [big, small], {"a": big.T, "b": small})
+    assert not shape["within_tolerance"] and "(8, 2)" in shape["note"]

@@ -5,6 +5,10 @@ Three phases, so one contender's measurement never disturbs another's:
 1. prepare, one contender at a time: compile (a ``Session``, or a raw engine for a peer), the
    first run and the warm-up runs, inside ``PeakRSS`` (``edgeinfer.cli.memory``): the peak
    resident memory each contender added to the process;
+   with peers, the original file on its native engine is one of them (the baseline: LiteRT for
+   a ``.tflite``, onnxruntime for an ``.onnx``, torch for TorchScript; ``edgeinfer.cli.peers.
+   original_file``), and each edgeinfer contender's outputs are checked against its outputs,
+   untimed (``compare_outputs``);
 2. latency: all contenders timed in interleaved blocks (``edgeinfer.timing.time_engines`` style)
    so machine noise hits them alike;
 3. profile, untimed: per-op times from a debug session of the numpy backend, or per-part
@@ -23,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +39,10 @@ from edgeinfer.model import Model
 from edgeinfer.timing import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 
 STREAM_EXECUTORS = ("local", "ray")
+# edgeinfer's outputs against the original file's on its native engine: fp32 engines sum in
+# different orders, so the bound is relative to each output's largest magnitude
+NATIVE_RTOL = 1e-4
+NATIVE_ATOL = 1e-5
 MEMORY_MODES = ("inline", "isolated")
 PROFILE_RUNS = 5
 TOP_N = 10
@@ -75,6 +84,10 @@ class LatencyReport:
     runs_on: str = ""  # for a peer: the file it runs
     # per part with int8 products: "part N (backend): int8 <path>", e.g. onnxruntime's exact path
     integer_paths: list[str] = field(default_factory=list)
+    native: bool = False  # the original file on its native engine (a peer): the baseline
+    vs_native: float | None = None  # median over the baseline's, where there is one
+    # an edgeinfer contender's outputs against the baseline's (``compare_outputs``)
+    native_check: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -124,15 +137,17 @@ class _Contender:
 
 
 def steps(backends: Sequence[Any], peers: Sequence[str], runs: int, profile: bool, memory: str = "inline") -> int:
-    """How many ``advance`` calls ``latency`` makes, for a progress bar's total."""
-    isolated = len(backends) + len(peers) if memory == "isolated" else 0
-    return len(backends) + len(peers) + runs + (len(backends) if profile else 0) + isolated
+    """How many ``advance`` calls ``latency`` makes, for a progress bar's total (with peers, one
+    more for the original file)."""
+    raw = len(peers) + (1 if peers else 0)
+    isolated = len(backends) + raw if memory == "isolated" else 0
+    return len(backends) + raw + runs + (len(backends) if profile else 0) + isolated
 
 
 def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[str, Any], *, threads: int | None,
             runs: int, warmup: int, peers: Sequence[str] = (), source: str | os.PathLike | None = None,
             profile: bool = True, progress: Progress | None = None, skipped: dict[str, str] | None = None,
-            failed: dict[str, str] | None = None, memory: str = "inline",
+            failed: dict[str, str] | None = None, memory: str = "inline", native: bool | None = None,
             **session_options: Any) -> list[LatencyReport]:
     """Compile, memory, first run and interleaved latency of each backend (and raw-engine
     ``peers``, see ``edgeinfer.cli.peers``), with an untimed profile of each backend.
@@ -141,10 +156,17 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     process of its own (model, feeds and options sent to it), so no contender pays for or
     profits from what another loaded; the figures replace the in-process ones.
 
+    ``native`` (default: when there are ``peers``): also time ``source`` itself on its native
+    engine (``edgeinfer.cli.peers.original_file``), the baseline every report's ``vs_native``
+    is measured against, and check each edgeinfer contender's outputs against its own
+    (``native_check``); the peer of that engine on that same file is then not timed twice.
+    Where there is no original file, the reason is in ``skipped`` under ``peers.ORIGINAL``.
+
     A peer that cannot run here is left out, its reason in ``skipped`` (peer name -> reason). A
-    backend that fails to compile or to run the feeds (an ``EdgeInferError``) is left out with its
-    reason in ``failed`` (label -> one line) when that dict is given, and the others are timed;
-    without it, or when every contender fails, the error is raised.
+    backend that fails to compile or to run the feeds (an ``EdgeInferError``), or a peer or the
+    original file whose engine raises, is left out with its reason in ``failed`` (label -> one
+    line) when that dict is given, and the others are timed; without it, or when every
+    contender fails, the error is raised.
     ``source``: the user's model file, which a peer of the same format runs directly.
     """
     from edgeinfer.cli import peers as raw
@@ -168,7 +190,15 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                     raise
                 failed[label] = " ".join(str(exc).split())
             progress.advance()
+        baseline = _native_contender(model, feeds, source, threads, warmup, progress, skipped, failed) \
+            if (bool(peers) if native is None else native) else None
+        if baseline is not None:
+            contenders.append(baseline)
         for name in peers:
+            if baseline is not None and name == baseline.original.native.peer and source is not None \
+                    and baseline.original.path == Path(source):
+                progress.advance()
+                continue  # the baseline is this engine on this file
             progress.describe(f"compiling raw {name}")
             runs_on: list[str] = []
 
@@ -182,10 +212,15 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             except raw.PeerUnavailable as exc:
                 if skipped is not None:
                     skipped[name] = str(exc)
+            except Exception as exc:  # the engine's own error types (LiteRT, onnxruntime, OpenVINO)
+                if failed is None:
+                    raise
+                failed[f"raw {name}"] = engine_error(exc)
             else:
                 contender.runs_on = runs_on[0]
                 contenders.append(contender)
             progress.advance()
+        checks = _check_against(baseline, contenders, model, feeds) if baseline is not None else {}
         if not contenders and failed:
             raise BackendError("every contender failed: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
         progress.describe("timing (interleaved blocks)")
@@ -204,25 +239,124 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 session.plan.describe() if session is not None else f"raw engine on {contender.runs_on}", choice,
                 contender.memory.increase, contender.memory.method,
                 [t * 1000 for t in times[contender.label]], peer=session is None, runs_on=contender.runs_on,
-                integer_paths=integer_paths(session) if session is not None else [])
+                integer_paths=integer_paths(session) if session is not None else [],
+                native=contender is baseline, native_check=checks.get(contender.label))
             if profile and session is not None:
                 progress.describe(f"profiling {contender.label}")
                 report.profile = profile_session(session, feeds)
                 progress.advance()
             reports.append(report)
+        base = next((r for r in reports if r.native), None)
+        for report in reports if base is not None else ():
+            report.vs_native = report.ms["median"] / base.ms["median"]
         if memory == "isolated":
             for report in reports:
                 progress.describe(f"memory of {report.backend} in a fresh process")
-                name = report.backend.removeprefix("raw ") if report.peer else None
+                name = report.backend.removeprefix("raw ") if report.peer and not report.native else None
                 backend = next((b for b in backends if backend_label(b) == report.backend), None)
                 report.peak_rss_bytes, report.memory_method = isolated_peak_rss(
                     model, dict(feeds), backend=backend, peer=name, threads=threads, warmup=warmup,
-                    source=source, session_options=session_options)
+                    source=source, session_options=session_options, native=report.native)
                 progress.advance()
         return reports
     finally:
         for contender in contenders:
             contender.close()
+
+
+def engine_error(exc: BaseException) -> str:
+    """One line of an engine's error: its type and first line, shortened."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, EdgeInferError):
+        return text
+    return f"{type(exc).__name__}: {text}"[:400] if text else type(exc).__name__
+
+
+@dataclass
+class _Baseline(_Contender):
+    original: Any = None  # peers.OriginalFile
+    engine: Any = None  # peers.NativeRun
+
+
+def _native_contender(model: Model, feeds: Mapping[str, Any], source: str | os.PathLike | None,
+                      threads: int | None, warmup: int, progress: Progress, skipped: dict[str, str] | None,
+                      failed: dict[str, str] | None) -> _Baseline | None:
+    """The original file on its native engine, prepared like any contender; None, with the reason
+    in ``skipped`` (no original file) or ``failed`` (its engine cannot run it)."""
+    from edgeinfer.cli import peers as raw
+
+    try:
+        original = raw.original_file(source, model)
+    except raw.NoOriginalFile as exc:
+        if skipped is not None:
+            skipped[raw.ORIGINAL] = str(exc)
+        progress.advance()
+        return None
+    label = original.native.label
+    progress.describe(f"compiling {label}")
+    engines: list[Any] = []
+    inputs = dict(feeds)
+
+    def make() -> tuple[Any, Callable[[], Any]]:
+        engine = raw.prepare_native(original, model, threads)
+        engines.append(engine)
+        return None, lambda: engine.run(inputs)
+
+    try:
+        contender = _prepare(label, make, warmup)
+    except Exception as exc:  # PeerUnavailable, or the engine's own error types
+        if failed is None:
+            raise
+        failed[label] = engine_error(exc)
+        progress.advance()
+        return None
+    progress.advance()
+    return _Baseline(label, contender.run, contender.compile_s, contender.first_ms, contender.memory,
+                     runs_on=os.fspath(original.path), original=original, engine=engines[0])
+
+
+def _check_against(baseline: _Baseline, contenders: Sequence[_Contender], model: Model,
+                   feeds: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each edgeinfer contender's outputs against the original file's, one untimed run each."""
+    from edgeinfer.cli import peers as raw
+
+    expected = raw.ordered_outputs(model, baseline.engine, baseline.engine.run(dict(feeds)))
+    names = [info.name for info in model.outputs]
+    return {c.label: compare_outputs(names, expected, c.session.run(feeds))
+            for c in contenders if c.session is not None}
+
+
+def compare_outputs(names: Sequence[str], expected: Sequence[np.ndarray],
+                    got: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The largest error of ``got`` against ``expected`` (the original file's outputs, in the order
+    of ``names``), over the output where it is largest against its tolerance,
+    ``NATIVE_RTOL`` x its largest magnitude + ``NATIVE_ATOL``; ``within_tolerance`` for every
+    output. ``max_abs_error`` is None where an output has NaN that the other has not."""
+    if len(expected) != len(names):
+        return {"within_tolerance": False, "output": None, "max_abs_error": None, "tolerance": None,
+                "note": f"the original file gives {len(expected)} outputs, the model {len(names)}"}
+    worst: dict[str, Any] | None = None
+    within = True
+    for name, want in zip(names, expected, strict=True):
+        want, have = np.asarray(want), np.asarray(got[name])
+        if want.shape != have.shape:
+            return {"within_tolerance": False, "output": name, "max_abs_error": None, "tolerance": None,
+                    "note": f"shape {have.shape}, the original file's {want.shape}"}
+        want64, have64 = want.astype(np.float64), have.astype(np.float64)
+        gap = np.where(np.isnan(want64) & np.isnan(have64), 0.0, np.abs(have64 - want64))
+        error = float(gap.max(initial=0.0))
+        magnitude = np.abs(want64[np.isfinite(want64)])
+        tolerance = NATIVE_RTOL * float(magnitude.max(initial=0.0)) + NATIVE_ATOL
+        ok = bool(error <= tolerance)  # False for NaN
+        within = within and ok
+        score = error / tolerance if np.isfinite(error) else float("inf")
+        if worst is None or score > worst["score"]:
+            worst = {"score": score, "output": name, "max_abs_error": error if np.isfinite(error) else None,
+                     "tolerance": tolerance}
+    if worst is None:
+        return {"within_tolerance": True, "output": None, "max_abs_error": 0.0, "tolerance": NATIVE_ATOL}
+    worst.pop("score")
+    return {"within_tolerance": within, **worst}
 
 
 def _options_for(backend: str | list[str], session_options: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,9 +391,10 @@ def _prepare(label: str, make: Callable[[], tuple[Any, Callable[[], Any]]], warm
 
 def isolated_peak_rss(model: Model, feeds: dict[str, Any], *, backend: Any, peer: str | None, threads: int | None,
                       warmup: int, source: str | os.PathLike | None = None,
-                      session_options: Mapping[str, Any] | None = None) -> tuple[int, str]:
+                      session_options: Mapping[str, Any] | None = None, native: bool = False) -> tuple[int, str]:
     """(peak RSS increase, method) of compile, first run and ``warmup`` runs of one contender,
-    in a fresh Python process (spawned, not forked: it starts with nothing loaded)."""
+    in a fresh Python process (spawned, not forked: it starts with nothing loaded); ``native``:
+    the original file ``source`` on its native engine."""
     import multiprocessing
     import tempfile
     from concurrent.futures import ProcessPoolExecutor
@@ -272,21 +407,28 @@ def isolated_peak_rss(model: Model, feeds: dict[str, Any], *, backend: Any, peer
         model.save(path)
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
             job = pool.submit(_child_peak_rss, path, feeds, backend, peer, threads, warmup,
-                              None if source is None else os.fspath(source), dict(session_options or {}))
+                              None if source is None else os.fspath(source), dict(session_options or {}), native)
             try:
                 increase, method = job.result()
             except Exception as exc:  # the child's error, or the child died
-                raise BackendError(f"memory of {peer or backend_label(backend)} in a fresh process failed: "
-                                   f"{exc}") from exc
+                what = "the original file" if native else peer or backend_label(backend)
+                raise BackendError(f"memory of {what} in a fresh process failed: {exc}") from exc
     return increase, f"{method}, in a fresh process"
 
 
 def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | None, threads: int | None,
-                    warmup: int, source: str | None, session_options: dict[str, Any]) -> tuple[int, str]:
+                    warmup: int, source: str | None, session_options: dict[str, Any],
+                    native: bool = False) -> tuple[int, str]:
     from edgeinfer.api import load
 
     model = load(path)
-    if peer is not None:
+    if native:
+        from edgeinfer.cli import peers as raw
+
+        def make() -> tuple[Any, Callable[[], Any]]:
+            engine = raw.prepare_native(raw.original_file(source, model), model, threads)
+            return None, lambda: engine.run(feeds)
+    elif peer is not None:
         from edgeinfer.cli import peers as raw
 
         def make() -> tuple[Any, Callable[[], Any]]:
@@ -422,6 +564,27 @@ def peer_ratios(reports: Sequence[LatencyReport]) -> dict[str, dict[str, float]]
     return {r.backend: {p.backend: r.ms["median"] / p.ms["median"] for p in peers} for r in reports if not r.peer}
 
 
+def native_summary(reports: Sequence[LatencyReport], failed: Mapping[str, str] | None = None,
+                   skipped: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The original file on its native engine: what ran, each edgeinfer contender's median over
+    its median (``ratios``) and its outputs against it (``outputs``); or why there is no such
+    row (``failed``: the engine could not run it; ``none``: no original file). None when it was
+    not asked for."""
+    from edgeinfer.cli.peers import ORIGINAL
+
+    base = next((r for r in reports if r.native), None)
+    if base is not None:
+        ours = [r for r in reports if not r.peer]
+        return {"label": base.backend, "runs_on": base.runs_on, "median_ms": base.ms["median"],
+                "ratios": {r.backend: r.vs_native for r in ours}, "outputs": {r.backend: r.native_check for r in ours}}
+    label = next((k for k in failed or {} if k.endswith(f"({ORIGINAL})")), None)
+    if label is not None:
+        return {"label": label, "failed": failed[label]}
+    if skipped and ORIGINAL in skipped:
+        return {"label": None, "none": skipped[ORIGINAL]}
+    return None
+
+
 def machine_facts() -> dict[str, Any]:
     from importlib import metadata
 
@@ -484,6 +647,7 @@ def as_json(latency_reports: Sequence[LatencyReport], stream_report: StreamRepor
     document = {"machine": machine_facts(), "settings": dict(settings or {}),
                 "latency": [asdict(r) for r in latency_reports],
                 "peer_ratios": peer_ratios(latency_reports), "skipped_peers": dict(skipped_peers or {}),
+                "native": native_summary(latency_reports, failed, skipped_peers),
                 "stream": asdict(streams[0]) if len(streams) == 1 else [asdict(s) for s in streams] or None}
     if failed:
         document["failed"] = dict(failed)

@@ -684,7 +684,9 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
 @click.option("--runs", type=click.IntRange(1), default=50, show_default=True, help="Timed runs per backend.")
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True, help="Untimed runs first.")
 @click.option("--peers", is_flag=True,
-              help="Also time the raw engines installed (onnxruntime, OpenVINO, LiteRT) on the same model.")
+              help="Also time the original file on its own engine (LiteRT for .tflite, onnxruntime for .onnx, "
+                   "torch for TorchScript; for an .eim, its source file if it lies next to it), the baseline of "
+                   "'vs original', and the raw engines installed (onnxruntime, OpenVINO, LiteRT) on the same model.")
 @click.option("--top", type=click.IntRange(0), default=5, show_default=True,
               help="Slowest ops (numpy) or parts (several backends) to show per backend; 0: no profile.")
 @click.option("--stream", "stream_requests", type=click.IntRange(1), default=None, metavar="N",
@@ -783,8 +785,8 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     if table is not None:
         out.print(tables.PEER_HEADING, highlight=False)
         out.print(table)
-    if skipped:
-        out.print("peers skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), highlight=False)
+    for line in tables.peer_lines(reports, skipped):
+        out.print(line, highlight=False, soft_wrap=True)
     for streamed in streams:
         click.echo("\n".join(tables.stream_lines(streamed)))
     if not quiet:

@@ -8,7 +8,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from edgeinfer.cli.bench import LatencyReport, StreamReport, peer_ratios
+from edgeinfer.cli.bench import NATIVE_ATOL, NATIVE_RTOL, LatencyReport, StreamReport, peer_ratios
+from edgeinfer.cli.peers import ORIGINAL
 
 MIB = 1024 * 1024
 
@@ -31,13 +32,16 @@ COLUMNS = {  # heading -> cell of a report
     "peak RSS MiB": lambda r: "-" if r.peak_rss_bytes is None else f"{r.peak_rss_bytes / MIB:.1f}",
 }
 COMPACT = ("median ms", "p90 ms", "req/s", "RSS MiB")  # "RSS MiB" is "peak RSS MiB"
+VS_NATIVE = "vs original"  # the column of median over the original file's on its native engine
 
 
 def latency_table(reports: Sequence[LatencyReport], failed: Mapping[str, str] | None = None, *,
                   width: int = 220) -> Table:
     """Every column when they fit ``width`` without folding a cell; otherwise the compact table
-    (contender, median, p90, req/s, peak RSS, vs best), which fits 80 columns. A backend in
-    ``failed`` gets a row saying so (its reason is printed under the table, ``failure_lines``)."""
+    (contender, median, p90, req/s, peak RSS, vs best), which fits 80 columns. Where the original
+    file ran on its native engine, both end with "vs original": each median over its median. A
+    backend in ``failed`` gets a row saying so (its reason is printed under the table,
+    ``failure_lines``)."""
     full = _latency_table(reports, failed, tuple(COLUMNS), compact=False)  # + "int8 path" where some has one
     if Console(width=10_000).measure(full).maximum <= width:  # its natural width, nothing folded
         return full
@@ -48,21 +52,27 @@ def _latency_table(reports: Sequence[LatencyReport], failed: Mapping[str, str] |
                    compact: bool) -> Table:
     best = min((r.ms["median"] for r in reports), default=float("nan"))
     integer = not compact and any(r.integer_paths for r in reports)  # compact: integer_lines() under it
-    table = Table(box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, pad_edge=not compact)
+    native = any(r.native for r in reports)
+    # compact: one space between columns and "vs original" over two lines, so that with it the
+    # contender's name still gets about 20 of the 80 columns
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0)) if compact else \
+        Table(box=box.HEAVY_HEAD)
     table.add_column("contender", style="bold", overflow="fold")
-    for name in (*names, "vs best"):
+    ratios = ("vs best", VS_NATIVE.replace(" ", "\n") if compact else VS_NATIVE) if native else ("vs best",)
+    for name in (*names, *ratios):
         table.add_column(name, justify="right", no_wrap=True)
     if integer:
         table.add_column("int8 path", justify="left")
     cells = {**COLUMNS, "RSS MiB": COLUMNS["peak RSS MiB"]}
     for r in reports:
         ratio = r.ms["median"] / best
+        versus = (("1.00x" if r.native else f"{r.vs_native:.2f}x"),) if native else ()
         paths = (_integer_cell(r.integer_paths),) if integer else ()
         table.add_row(r.label, *(cells[name](r) for name in names), "best" if ratio == 1 else f"{ratio:.2f}x",
-                      *paths,
-                      style="dim" if r.peer else None)
+                      *versus, *paths,
+                      style=("bold" if r.native else "dim") if r.peer else None)
     for label in failed or {}:
-        table.add_row(label, "failed", *["-"] * len(names), style="red")
+        table.add_row(label, "failed", *["-"] * (len(names) + len(ratios) - 1), style="red")
     return table
 
 
@@ -117,11 +127,39 @@ def peer_table(reports: Sequence[LatencyReport]) -> Table | None:
         return None
     table = Table()
     table.add_column("edgeinfer", style="bold")
-    for p in peers:
-        table.add_column(f"{p.backend}\n({p.runs_on})", justify="right")
+    for p in peers:  # the original file's path is in peer_lines, its heading says what it is
+        table.add_column(p.backend if p.native else f"{p.backend}\n({p.runs_on})", justify="right")
     for name, row in ratios.items():
         table.add_row(name, *(f"{row[p.backend]:.2f}x" for p in peers))
     return table
+
+
+def peer_lines(reports: Sequence[LatencyReport], skipped: Mapping[str, str]) -> list[str]:
+    """What the original file's row ran and how each edgeinfer contender's outputs compare with
+    its outputs (or, in one line, why there is no such row), then the peers skipped."""
+    lines = []
+    base = next((r for r in reports if r.native), None)
+    if base is not None:
+        lines.append(f"{base.backend}: {base.runs_on}")
+        checks = [(r.label, r.native_check) for r in reports if r.native_check is not None]
+        if checks:
+            lines.append(f"outputs against the {ORIGINAL}'s (tolerance {NATIVE_RTOL:g} x its largest + {NATIVE_ATOL:g}): "
+                         + "; ".join(_check_cell(label, check) for label, check in checks))
+    elif ORIGINAL in skipped:
+        lines.append(skipped[ORIGINAL])
+    others = {k: v for k, v in skipped.items() if k != ORIGINAL}
+    if others:
+        lines.append("peers skipped: " + "; ".join(f"{k}: {v}" for k, v in others.items()))
+    return lines
+
+
+def _check_cell(label: str, check: Mapping) -> str:
+    if check.get("note"):
+        return f"{label} DIFFERS ({check['note']})"
+    error = "NaN" if check["max_abs_error"] is None else f"{check['max_abs_error']:.2g}"
+    if check["within_tolerance"]:
+        return f"{label} max error {error}"
+    return f"{label} DIFFERS: max error {error} on {check['output']!r} > {check['tolerance']:.2g}"
 
 
 def stream_lines(report: StreamReport) -> list[str]:
