@@ -460,3 +460,27 @@ def test_compare_outputs_bounds_each_output_by_its_own_largest_magnitude():
             bench.NATIVE_RTOL * np.abs(small).max() + bench.NATIVE_ATOL)}
     shape = bench.compare_outputs(["a", "b"], [big, small], {"a": big.T, "b": small})
     assert not shape["within_tolerance"] and "(8, 2)" in shape["note"]
+
+
+def test_an_original_file_that_computes_otherwise_is_reported_not_hidden(tmp_path, onnx_file, mlp_model):
+    """An .eim names its source by file name only: if the file next to it has changed since, the
+    check says that edgeinfer and the file disagree (here: the file's last weights doubled)."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    model = ei.convert(onnx_file)
+    model.save(tmp_path / "mlp.eim")
+    changed = onnx.ModelProto()
+    changed.CopyFrom(mlp_model)
+    weight = next(t for t in changed.graph.initializer if t.name == "w2")
+    weight.CopyFrom(numpy_helper.from_array(2 * numpy_helper.to_array(weight), "w2"))
+    onnx.save(changed, onnx_file)
+    feed = np.random.default_rng(2).standard_normal((1, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", feed)
+    output, document = _bench_json(tmp_path, tmp_path / "mlp.eim", "--backend", "numpy", "-i", f"x={tmp_path / 'x.npy'}")
+    check = document["native"]["outputs"]["numpy"]
+    theirs = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]).run(None, {"x": feed})[0]
+    ours = ei.Session(model, backend="numpy").run({"x": feed})["y"]
+    assert not check["within_tolerance"] and check["output"] == "y"
+    assert check["max_abs_error"] == pytest.approx(float(np.abs(ours - theirs).max()), rel=1e-3)
+    assert f"numpy DIFFERS: max error {check['max_abs_error']:.2g} on 'y'" in output
