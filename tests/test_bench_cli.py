@@ -240,13 +240,33 @@ def test_isolated_memory_failure_is_a_backend_error(mlp_model):
         bench.isolated_peak_rss(model, model.random_feeds(), backend="nosuchengine", peer=None, threads=1, warmup=0)
 
 
-def test_a_failing_backend_gets_a_row_saying_why_and_the_others_are_timed(tmp_path, onnx_file, monkeypatch):
+def test_a_backend_that_cannot_compile_is_timed_where_its_nodes_went_and_says_so(tmp_path, onnx_file, monkeypatch):
     from edgeinfer.backend import get_backend
 
     def refuse(self, graph, options):
         raise BackendError("onnxruntime could not compile graph 'g': simulated engine failure")
 
     monkeypatch.setattr(type(get_backend("onnxruntime")), "compile", refuse)
+    out = tmp_path / "r.json"
+    result = invoke("bench", onnx_file, "--backend", "numpy,onnxruntime", "--runs", 4, "--warmup", 0,
+                    "--top", 0, "--json", out)
+    assert result.exit_code == 0, result.output
+    nodes = len(ei.convert(onnx_file).graph.nodes)
+    # the runtime moves the refused nodes to numpy; bench says so rather than call it onnxruntime's time
+    assert f"onnxruntime: {nodes} on numpy of its {nodes} nodes" in result.output
+    by_name = {r["backend"]: r for r in json.loads(out.read_text())["latency"]}
+    assert by_name["onnxruntime"]["elsewhere"] == {"numpy": nodes} and by_name["numpy"]["elsewhere"] == {}
+
+
+def test_a_failing_backend_gets_a_row_saying_why_and_the_others_are_timed(tmp_path, onnx_file, monkeypatch):
+    original = ei.Session.__init__
+
+    def refuse(self, model, *args, backend="numpy", **kwargs):
+        if backend == "onnxruntime":
+            raise BackendError("onnxruntime could not compile graph 'g': simulated engine failure")
+        original(self, model, *args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(ei.Session, "__init__", refuse)
     out = tmp_path / "r.json"
     result = invoke("bench", onnx_file, "--backend", "numpy,onnxruntime", "--runs", 4, "--warmup", 0,
                     "--top", 0, "--json", out)

@@ -88,6 +88,10 @@ class LatencyReport:
     vs_native: float | None = None  # median over the baseline's, where there is one
     # an edgeinfer contender's outputs against the baseline's (``compare_outputs``)
     native_check: dict[str, Any] | None = None
+    # nodes of an edgeinfer contender's plan on backends it did not name (the partitioner's
+    # fallbacks and the runtime's re-partitions, e.g. every node on numpy after a failed compile)
+    elsewhere: dict[str, int] = field(default_factory=dict)
+    nodes: int = 0
 
     @property
     def label(self) -> str:
@@ -241,6 +245,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 [t * 1000 for t in times[contender.label]], peer=session is None, runs_on=contender.runs_on,
                 integer_paths=integer_paths(session) if session is not None else [],
                 native=contender is baseline, native_check=checks.get(contender.label))
+            if session is not None:
+                report.nodes, report.elsewhere = placement(session.plan, backends, contender.label)
             if profile and session is not None:
                 progress.describe(f"profiling {contender.label}")
                 report.profile = profile_session(session, feeds)
@@ -262,6 +268,18 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     finally:
         for contender in contenders:
             contender.close()
+
+
+def placement(plan: Any, backends: Sequence[str | list[str]], label: str) -> tuple[int, dict[str, int]]:
+    """(nodes in ``plan``, nodes per backend that contender ``label`` did not name); nothing is
+    elsewhere for auto, which names no backend."""
+    named = next((b for b in backends if backend_label(b) == label), label)
+    names = {named} if isinstance(named, str) else set(named)
+    elsewhere: dict[str, int] = {}
+    for part in plan.parts:
+        if "auto" not in names and part.backend not in names:
+            elsewhere[part.backend] = elsewhere.get(part.backend, 0) + len(part.nodes)
+    return sum(len(part.nodes) for part in plan.parts), elsewhere
 
 
 def engine_error(exc: BaseException) -> str:

@@ -774,7 +774,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     out.print(latency_table)
     for line in tables.integer_lines(reports, latency_table):
         out.print(line, highlight=False, soft_wrap=True)
-    for line in tables.failure_lines(failed):
+    for line in tables.failure_lines(failed, reports):
         out.print(line, highlight=False, soft_wrap=True)
     for heading, table, footnote in tables.profile_tables(reports, top):
         out.print(heading, highlight=False)

@@ -91,8 +91,15 @@ def integer_lines(reports: Sequence[LatencyReport], table: Table) -> list[str]:
     return [f"{r.label}: int8 {_integer_cell(r.integer_paths)}" for r in reports if r.integer_paths]
 
 
-def failure_lines(failed: Mapping[str, str]) -> list[str]:
-    return [f"{label} failed: {reason}" for label, reason in failed.items()]
+def failure_lines(failed: Mapping[str, str], reports: Sequence[LatencyReport] = ()) -> list[str]:
+    """Each failed contender's reason, then each one whose nodes partly or wholly run on a backend
+    it did not name (its plan, in --json, says why)."""
+    lines = [f"{label} failed: {reason}" for label, reason in failed.items()]
+    for r in reports:
+        if r.elsewhere:
+            where = ", ".join(f"{count} on {backend}" for backend, count in r.elsewhere.items())
+            lines.append(f"{r.label}: {where} of its {r.nodes} nodes (fallbacks or re-partitioned; see its plan)")
+    return lines
 
 
 def profile_tables(reports: Sequence[LatencyReport], top: int) -> list[tuple[str, Table, str]]:
