@@ -216,12 +216,11 @@ class Exporter:
     # -- the walk ---------------------------------------------------------------------------------
     def run(self, description: str) -> bytes:
         for value in self.graph.inputs:
-            if value.dtype in RAW_INT8 and value.name in self.quant and self.quant[value.name].shift:
-                raise ExportError(f"graph input {value.name!r} is uint8; TFLite integer graphs take int8")
+            quant = self.quant.get(value.name)
             tensor = self.new_tensor(self.fresh(value.name), self.shape(value.name), self.dtype(value.name),
-                                     quant=self.quant.get(value.name))
+                                     quant=quant)
+            self.writer.inputs.append(self._uint8_edge(value.name, tensor, quant, into_graph=True))
             self.reps[value.name] = {identity(len(value.shape)): tensor}
-            self.writer.inputs.append(tensor)
         for node in self.graph.nodes:
             try:
                 self.export_node(node)
@@ -231,8 +230,26 @@ class Exporter:
             rank = len(self.shape(value.name))
             if self.is_const(value.name):
                 raise ExportError(f"graph output {value.name!r} is a constant; TFLite outputs are computed")
-            self.writer.outputs.append(self.tensor(value.name, identity(rank)))
+            tensor = self.tensor(value.name, identity(rank))
+            quant = self.quant.get(value.name) if value.name not in self.views else None
+            self.writer.outputs.append(self._uint8_edge(value.name, tensor, quant, into_graph=False))
         return self.writer.to_bytes(description=description, subgraph_name=self.graph.name)
+
+    def _uint8_edge(self, name: str, tensor: int, quant: QuantInfo | None, *, into_graph: bool) -> int:
+        """The graph's own tensor for a graph input or output: ``tensor`` itself, or for a uint8
+        value (held as int8 inside, see the module docstring) a uint8 tensor with the value's
+        own zero point and a requantizing ``QUANTIZE`` (uint8 <-> int8, the same real numbers)
+        between them, so that the TFLite graph takes and returns the IR's uint8 arrays."""
+        if quant is None or not quant.shift or self.dtype(name) != "uint8":
+            return tensor
+        outer = QuantInfo(quant.scale, quant.zero_point - quant.shift, quant.axis, 0)
+        if not outer.per_tensor:
+            raise ExportError(f"graph {'input' if into_graph else 'output'} {name!r} is uint8 with per-channel "
+                              "quantization; TFLite requantizes uint8 <-> int8 per tensor only")
+        edge = self.writer.add_tensor(self.fresh(f"{name}_uint8"), self.shape(name), "uint8", None, outer.tflite())
+        source, target = (edge, tensor) if into_graph else (tensor, edge)
+        self.writer.add_operator("QUANTIZE", [source], [target], version=2)
+        return edge
 
     def export_node(self, node: Node) -> None:
         if id(node) in self._absorbed:

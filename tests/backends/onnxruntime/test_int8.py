@@ -141,11 +141,6 @@ def test_onnxruntime_backend_is_exact_on_every_cpu(case, rng):
     assert session.executable.stats()["integer_path"] == int8.integer_path()
 
 
-# BUG: the tflite backend's supports() accepts a graph whose uint8 input its exporter then
-# refuses ("TFLite integer graphs take int8"), so compile fails instead of the node falling back
-TFLITE_UINT8_INPUT = "tflite backend accepts uint8 graph inputs that its exporter refuses"
-
-
 @pytest.mark.parametrize("backend", ["numpy", "openvino", "tflite"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_other_backends_match_int64_math_where_they_run_the_op(backend, case, rng):
@@ -161,14 +156,7 @@ def test_other_backends_match_int64_math_where_they_run_the_op(backend, case, rn
     declined = engine.unsupported(converted.graph)
     if declined:
         pytest.skip(f"{backend} declines: {next(iter(declined.values()))}")
-    try:
-        session = ei.Session(converted, backend=backend)
-    except BackendError as exc:
-        if backend == "tflite" and "take int8" in str(exc):
-            pytest.xfail(TFLITE_UINT8_INPUT)
-        raise
-    if backend == "tflite" and "take int8" in session.plan.describe():  # re-partitioned onto numpy: the plan says so
-        pytest.xfail(TFLITE_UINT8_INPUT)
+    session = ei.Session(converted, backend=backend)
     assert {part.backend for part in session.plan.parts} == {backend}
     got = session.run(feeds)["y"]
     if backend == "openvino":
