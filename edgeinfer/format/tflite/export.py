@@ -50,6 +50,8 @@ CANONICAL_PASSES = ("fold_constants", "fuse_gelu", "fuse_bias_activation")
 QUANTIZE_OPS = ("QuantizeLinear", "DequantizeLinear")
 RELABELLING_OPS = ("Transpose", "Identity", "Dropout")  # the exporter writes no operator for these
 FOLDED_OPS = ("Constant",)  # folded into constants before export
+WIDE_FLOATS = ("float64", "float16")  # activations of these dtypes: no TFLite kernel but CAST takes them
+WIDE_FLOAT_OPS = ("Cast",)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,12 @@ def find_rule(node: Node, graph: Graph) -> ExportRule | None:
 
 def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
-    if node.domain == "" and node.op_type in RELABELLING_OPS + FOLDED_OPS:
+    if node.domain == "" and node.op_type in FOLDED_OPS:
+        return None
+    wide = _wide_float(node, graph)
+    if wide is not None:
+        return wide
+    if node.domain == "" and node.op_type in RELABELLING_OPS:
         return None
     if node.domain == "" and node.op_type in QUANTIZE_OPS:
         return _check_quantize(node, graph)
@@ -109,6 +116,21 @@ def node_support(node: Node, graph: Graph) -> str | None:
         if name and value is not None and value.dtype is not None and value.dtype not in _TFLITE_DTYPES:
             return f"output {name!r} has dtype {value.dtype}, which TFLite tensors cannot hold"
     return entry.check(node, graph) if entry.check is not None else None
+
+
+def _wide_float(node: Node, graph: Graph) -> str | None:
+    """Why a node computing on float64 or float16 tensors cannot run (None: it does not). The
+    writer can hold them, but TFLite's kernels take float32 activations ("Only float32, uint8,
+    int8 and int16 are supported", at invoke); constants are narrowed to float32 (float16
+    weights go through DEQUANTIZE), and CAST converts from and to both."""
+    if node.domain == "" and node.op_type in WIDE_FLOAT_OPS:
+        return None
+    for name in list(node.inputs) + list(node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is not None and value.const is None and value.dtype in WIDE_FLOATS:
+            return (f"value {name!r} is {value.dtype}; TFLite kernels compute on float32 "
+                    f"(only {', '.join(WIDE_FLOAT_OPS)} take {value.dtype})")
+    return None
 
 
 def _check_quantize(node: Node, graph: Graph) -> str | None:
