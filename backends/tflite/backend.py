@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,32 +50,53 @@ def _first_line(exc: BaseException) -> str:
 
 
 class TFLiteExecutable(Executable):
-    thread_safe = False  # a TFLite interpreter runs one invocation at a time
+    """One interpreter per shape signature of the inputs (at most ``SHAPES_KEPT``, the least
+    recently used dropped first). A graph with dynamic dims gets a fresh interpreter sized to
+    each new signature before its first allocation: XNNPACK plans a delegated subgraph for the
+    shapes it is prepared with, and resizing one planned at the flatbuffer's placeholder dims
+    (1 for a symbolic H or W, too small for a 3x3 conv) fails ("XNNPack delegate failed to
+    reshape"); a kept interpreter also saves re-planning when sizes alternate."""
 
-    def __init__(self, graph: Graph, interpreter: Any, flatbuffer: bytes, facts: Mapping[str, Any]):
+    thread_safe = False  # a TFLite interpreter runs one invocation at a time
+    SHAPES_KEPT = 8
+
+    def __init__(self, graph: Graph, interpreter: Any, flatbuffer: bytes, facts: Mapping[str, Any],
+                 make_interpreter: Callable[[], Any] | None = None):
         super().__init__(graph)
-        self.interpreter = interpreter
+        self.interpreter = interpreter  # the one used last
         self.flatbuffer = flatbuffer  # the interpreter reads the model from this buffer; keep it alive
         self._facts = dict(facts)
+        self._make = make_interpreter
         # On the CPU (builtin kernels, XNNPACK) any thread may invoke it, one at a time; a
         # delegate may hold thread-bound state (the GPU delegate's GL context), so it stays put.
         self.thread_affine = bool(self._facts.get("delegate"))
-        self._inputs = [d["index"] for d in interpreter.get_input_details()]
+        details = interpreter.get_input_details()
+        self._inputs = [d["index"] for d in details]
         self._outputs = [d["index"] for d in interpreter.get_output_details()]
-        self._shapes = [tuple(d["shape"]) for d in interpreter.get_input_details()]
+        self._by_shape: OrderedDict[tuple, Any] = OrderedDict()
+        if facts.get("allocated", True):
+            self._by_shape[tuple(tuple(int(n) for n in d["shape"]) for d in details)] = interpreter
+
+    def _interpreter_for(self, shapes: tuple) -> Any:
+        found = self._by_shape.get(shapes)
+        if found is not None:
+            self._by_shape.move_to_end(shapes)
+            return found
+        interpreter = self._make() if self._make is not None else self.interpreter
+        for index, shape in zip(self._inputs, shapes, strict=True):
+            interpreter.resize_tensor_input(index, shape, strict=False)
+        interpreter.allocate_tensors()
+        if self._make is None:  # no factory: the one interpreter is resized in place
+            self._by_shape.clear()
+        self._by_shape[shapes] = interpreter
+        while len(self._by_shape) > self.SHAPES_KEPT:
+            self._by_shape.popitem(last=False)
+        return interpreter
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        interpreter = self.interpreter
         try:
             arrays = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
-            changed = False
-            for position, (index, array) in enumerate(zip(self._inputs, arrays, strict=True)):
-                if array.shape != self._shapes[position]:
-                    interpreter.resize_tensor_input(index, array.shape)
-                    self._shapes[position] = array.shape
-                    changed = True
-            if changed:
-                interpreter.allocate_tensors()
+            interpreter = self.interpreter = self._interpreter_for(tuple(a.shape for a in arrays))
             for index, array in zip(self._inputs, arrays, strict=True):
                 interpreter.set_tensor(index, array)
             interpreter.invoke()
@@ -86,7 +108,7 @@ class TFLiteExecutable(Executable):
         return dict(zip(self.output_names, results, strict=True))
 
     def stats(self) -> dict[str, Any]:
-        return dict(self._facts)
+        return {**{k: v for k, v in self._facts.items() if k != "allocated"}, "shape_signatures": len(self._by_shape)}
 
     def close(self) -> None:
         self.interpreter = None  # before the buffer it reads the model from
@@ -137,18 +159,35 @@ class TFLiteBackend(Backend):
         module = runtime()
         resolver = engine.get("op_resolver", "auto")
         delegates = [self._load_delegate(engine)] if engine.get("delegate") else None
-        try:
+
+        def make_interpreter() -> Any:
             with native_info_quiet():  # "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
-                interpreter = module.Interpreter(
+                return module.Interpreter(
                     model_content=flatbuffer, num_threads=options.threads, experimental_delegates=delegates,
                     experimental_op_resolver_type=getattr(module.OpResolverType, OP_RESOLVERS[resolver]))
-                interpreter.allocate_tensors()
+
+        dynamic = _has_dynamic_inputs(graph)
+        try:
+            interpreter = make_interpreter()
         except (RuntimeError, ValueError) as exc:
             raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
-        _probe(interpreter, graph)
+        allocated = True
+        try:
+            interpreter.allocate_tensors()
+        except (RuntimeError, ValueError) as exc:
+            if not dynamic:
+                raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: "
+                                   f"{_first_line(exc)}") from exc
+            # the placeholder dims of a dynamic input are no request; each real shape gets its own
+            allocated = False
+        if not dynamic:
+            _probe(interpreter, graph)
         facts = {"runtime": module.__name__, "op_resolver": resolver, "delegate": engine.get("delegate"),
-                 "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer)}
-        return TFLiteExecutable(graph, interpreter, flatbuffer, facts)
+                 "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer), "allocated": allocated}
+        # a delegate library is loaded once (its handle shared by interpreters) and may hold one
+        # device context: a graph with dynamic dims then resizes its one interpreter in place
+        factory = make_interpreter if dynamic and not delegates else None
+        return TFLiteExecutable(graph, interpreter, flatbuffer, facts, factory)
 
     @staticmethod
     def _load_delegate(engine: Mapping[str, Any]) -> Any:
@@ -158,6 +197,11 @@ class TFLiteBackend(Backend):
         except (ValueError, OSError, RuntimeError) as exc:
             raise BackendError(f"tflite backend: delegate library {path!r} cannot be loaded: "
                                f"{_first_line(exc)}") from exc
+
+
+def _has_dynamic_inputs(graph: Graph) -> bool:
+    return any(value.shape is None or any(not isinstance(d, int) or d < 0 for d in value.shape)
+               for value in graph.inputs)
 
 
 def _probe(interpreter: Any, graph: Graph) -> None:
