@@ -140,6 +140,10 @@ def _check_quantize(node: Node, graph: Graph) -> str | None:
     raw = graph.values.get(node.inputs[0] if node.op_type == "DequantizeLinear" else node.outputs[0])
     if raw is not None and raw.dtype not in (None, "int8", "uint8", "int32"):
         return f"{raw.dtype} quantization has no TFLite form (int8, uint8 and int32 bias have)"
+    scale = graph.values.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    at_edge = raw is not None and (raw.name in graph.input_names or raw.name in graph.output_names)
+    if at_edge and raw.dtype == "uint8" and scale is not None and scale.const is not None and scale.const.size > 1:
+        return f"uint8 graph edge {raw.name!r} is quantized per channel; TFLite requantizes uint8 <-> int8 per tensor only"
     return None
 
 

@@ -65,6 +65,23 @@ def test_a_uint8_graph_input_and_output_run_on_tflite(rng):
     assert_close(got, expected, int_steps=1, name="qdq conv uint8 in/out")
 
 
+def test_a_per_channel_uint8_graph_input_is_declined_not_failed(rng):
+    """TFLite requantizes a uint8 edge per tensor only: supports() says so, and the
+    DequantizeLinear of that input runs elsewhere."""
+    x = rng.integers(0, 256, (1, 3, 4), dtype=np.uint8)
+    inits = [numpy_helper.from_array(np.array([0.1, 0.2, 0.3], np.float32), "s"),
+             numpy_helper.from_array(np.array([10, 128, 200], np.uint8), "z")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["d"], axis=1), helper.make_node("Relu", ["d"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
+                   [helper.make_empty_tensor_value_info("y")], inits, opset=19)
+    converted = ei.convert(model, optimize=0)
+    declined = get_backend("tflite").unsupported(converted.graph)
+    assert list(declined.values()) == ["uint8 graph edge 'x' is quantized per channel; TFLite requantizes "
+                                       "uint8 <-> int8 per tensor only"]
+    session = ei.Session(converted, backend=["tflite", "numpy"])
+    assert_close(session.run({"x": x})["y"], _onnxruntime(model, {"x": x})["y"], name="per-channel uint8 input")
+
+
 def _unary(op: str, dtype: int) -> onnx.ModelProto:
     return _model([helper.make_node(op, ["x"], ["y"])], [helper.make_tensor_value_info("x", dtype, [2, 5])],
                   [helper.make_tensor_value_info("y", dtype, [2, 5])])
