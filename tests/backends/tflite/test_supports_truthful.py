@@ -120,7 +120,8 @@ def test_casts_from_and_to_wide_floats_stay_on_tflite(wide, rng):
 
 def _symbolic_conv_net(rng, batch: int | str = 1) -> onnx.ModelProto:
     """A PNet-like fully convolutional net (valid 3x3 convs, PRelu, a max pool, a softmax over
-    channels and a box head) with symbolic height and width."""
+    channels and a box head) with symbolic height and width; the pool rounds up (ceil_mode) as
+    PNet's does."""
     inits, nodes = [], []
 
     def conv(x, out, cin, k, y):
@@ -134,7 +135,7 @@ def _symbolic_conv_net(rng, batch: int | str = 1) -> onnx.ModelProto:
 
     conv("x", 10, 3, 3, "c1")
     prelu("c1", 10, "p1")
-    nodes.append(helper.make_node("MaxPool", ["p1"], ["m1"], kernel_shape=[2, 2], strides=[2, 2]))
+    nodes.append(helper.make_node("MaxPool", ["p1"], ["m1"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1))
     conv("m1", 16, 10, 3, "c2")
     prelu("c2", 16, "p2")
     conv("p2", 32, 16, 3, "c3")
@@ -163,6 +164,24 @@ def test_symbolic_spatial_dims_run_at_every_size(batch, rng):
         for name in ("prob", "box"):
             assert_close(got[name], expected[name], rtol=1e-4, atol=1e-4, name=f"{name} at {h}x{w}")
     assert session.executable.stats()["shape_signatures"] == 3
+
+
+@pytest.mark.parametrize(("kernel", "on_tflite"), [(2, True), (3, False)])
+@pytest.mark.parametrize("hw", [(7, 10), ("H", "W")])
+def test_ceil_mode_max_pool_runs_where_it_is_same_padding(kernel, on_tflite, hw, rng):
+    """A ceil_mode max pool with kernel == stride == 2 is TFLite's SAME (static or symbolic
+    dims, odd sizes round up); kernel 3 stride 2 is not, and is declined rather than wrong."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[kernel] * 2, strides=[2, 2], ceil_mode=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, *hw])],
+                   [helper.make_empty_tensor_value_info("y")])
+    converted = ei.convert(model, optimize=0)
+    declined = get_backend("tflite").unsupported(converted.graph)
+    assert (declined == {}) is on_tflite, declined
+    session = ei.Session(converted, backend=["tflite", "numpy"])
+    assert [part.backend for part in session.plan.parts] == ["tflite" if on_tflite else "numpy"]
+    for size in [(7, 10), (8, 11)] if hw[0] == "H" else [hw]:
+        x = rng.standard_normal((1, 3, *size)).astype(np.float32)
+        assert_close(session.run({"x": x})["y"], _onnxruntime(model, {"x": x})["y"], name=f"pool {size}")
 
 
 def test_shape_signatures_kept_are_bounded(rng):

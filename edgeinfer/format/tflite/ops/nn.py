@@ -22,7 +22,7 @@ def check_pool(node: Node, graph: Graph) -> str | None:
     kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
     strides = tuple(int(s) for s in node.attrs.get("strides", (1, 1)))
     pads = explicit_pads(node, x.shape[2:], kernel, strides, (1, 1))
-    if int(node.attrs.get("ceil_mode", 0)):
+    if int(node.attrs.get("ceil_mode", 0)) and not _ceil_is_same(node, kernel, strides, pads):
         if pads is None or not all(isinstance(d, int) for d in x.shape[2:]):
             return "ceil_mode needs static spatial dims"
         for size, k, s, before, after in zip(x.shape[2:], kernel, strides, pads[:2], pads[2:], strict=True):
@@ -35,6 +35,15 @@ def check_pool(node: Node, graph: Graph) -> str | None:
     return None
 
 
+def _ceil_is_same(node: Node, kernel, strides, pads) -> bool:
+    """A ceil_mode max pool whose windows tile the input (kernel == stride <= 2, no pads) is
+    TFLite's SAME padding at any size: ceil(H / s) windows, the one pad row or column (never
+    more) after the input, where a max ignores it. MTCNN's PNet pools so, on symbolic H and W."""
+    return (node.op_type == "MaxPool" and int(node.attrs.get("ceil_mode", 0)) == 1 and pads == (0, 0, 0, 0)
+            and node.attrs.get("auto_pad", "NOTSET") == "NOTSET" and tuple(kernel) == tuple(strides)
+            and all(s <= 2 for s in strides))
+
+
 def _same(hw, kernel, strides) -> tuple[int, ...]:
     pairs = [same_pads(*args, 1) for args in zip(hw, kernel, strides, strict=True)]
     return (pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1])
@@ -45,7 +54,10 @@ def _pool(opcode: str):
         kernel = tuple(int(k) for k in ctx.attrs["kernel_shape"])
         strides = tuple(int(s) for s in ctx.attrs.get("strides", (1, 1)))
         in_nhwc = tuple(ctx.shape(0)[a] for a in NCHW_TO_NHWC)
-        padding, pads = tflite_padding(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
+        if _ceil_is_same(ctx.node, kernel, strides, explicit_pads(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))):
+            padding, pads = "SAME", None
+        else:
+            padding, pads = tflite_padding(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
         if opcode == "AVERAGE_POOL_2D" and int(ctx.attrs.get("count_include_pad", 0)) and padding == "SAME":
             # TFLite's SAME average leaves the padding out of the count; pad explicitly instead.
             pads = explicit_pads(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
