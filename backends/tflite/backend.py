@@ -205,7 +205,7 @@ def _has_dynamic_inputs(graph: Graph) -> bool:
 
 
 def _probe(interpreter: Any, graph: Graph) -> None:
-    """One invocation on zeros at compile time, where the input shapes are static: XNNPACK
+    """One invocation on zeros (then ones) at compile time, where the input shapes are static: XNNPACK
     plans (and may refuse, "failed to reshape") at the first invoke, so a part that compiles
     here does not fail on its first request (the scheduler moves a part that fails to compile
     to another backend; one that fails later is an error)."""
@@ -214,13 +214,17 @@ def _probe(interpreter: Any, graph: Graph) -> None:
         return  # dynamic dims: planned per shape at run time
     if any(np.dtype(detail["dtype"]).kind not in "biuf" for detail in details):
         return  # string inputs: zeros are no valid request
-    try:
-        for detail in details:
-            interpreter.set_tensor(detail["index"], np.zeros(detail["shape"], detail["dtype"]))
-        interpreter.invoke()
-    except (RuntimeError, ValueError) as exc:
-        raise BackendError(f"the TFLite interpreter could not run graph {graph.name!r} (probed with zeros "
-                           f"when compiled): {_first_line(exc)}") from exc
+    failures: list[Exception] = []
+    for fill in (np.zeros, np.ones):  # ones where zeros are no valid request (an integer divisor)
+        try:
+            for detail in details:
+                interpreter.set_tensor(detail["index"], fill(detail["shape"], detail["dtype"]))
+            interpreter.invoke()
+            return
+        except (RuntimeError, ValueError) as exc:
+            failures.append(exc)
+    raise BackendError(f"the TFLite interpreter could not run graph {graph.name!r} (probed with zeros "
+                       f"when compiled): {_first_line(failures[0])}") from failures[0]
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:

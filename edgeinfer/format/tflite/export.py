@@ -52,6 +52,12 @@ RELABELLING_OPS = ("Transpose", "Identity", "Dropout")  # the exporter writes no
 FOLDED_OPS = ("Constant",)  # folded into constants before export
 WIDE_FLOATS = ("float64", "float16")  # activations of these dtypes: no TFLite kernel but CAST takes them
 WIDE_FLOAT_OPS = ("Cast",)
+# Integer dtypes (of int32/int64) the kernels of these ops take, where they do not take both.
+INTEGER_KERNEL_DTYPES = {"Relu": (), "PRelu": (), "Abs": ("int32",), "Sign": ("int32",), "Pow": ("int32",),
+                         "Div": ("int32",)}
+RAW_SMALL_INTS = ("int8", "uint8", "int16")
+DATA_MOVEMENT_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Slice", "Gather", "Split",
+                     "Transpose", "Identity", "Dropout", "Shape", "Tile", "Expand")
 
 
 @dataclass(frozen=True)
@@ -96,9 +102,9 @@ def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
     if node.domain == "" and node.op_type in FOLDED_OPS:
         return None
-    wide = _wide_float(node, graph)
-    if wide is not None:
-        return wide
+    refused = _wide_float(node, graph) or _integer_kernel(node, graph)
+    if refused is not None:
+        return refused
     if node.domain == "" and node.op_type in RELABELLING_OPS:
         return None
     if node.domain == "" and node.op_type in QUANTIZE_OPS:
@@ -131,6 +137,35 @@ def _wide_float(node: Node, graph: Graph) -> str | None:
             return (f"value {name!r} is {value.dtype}; TFLite kernels compute on float32 "
                     f"(only {', '.join(WIDE_FLOAT_OPS)} take {value.dtype})")
     return None
+
+
+def _integer_kernel(node: Node, graph: Graph) -> str | None:
+    """Why a node's integer tensors have no TFLite kernel (None: they have one). Measured on
+    LiteRT 2.3: RELU and PRELU take no int32/int64, ABS, SIGN, POW and DIV no int64 (each fails
+    at prepare or invoke); an int8/uint8/int16 tensor without quantization parameters (no
+    QuantizeLinear writes it, no DequantizeLinear reads it) in an arithmetic kernel can abort
+    the process (ADD), so only data movement takes such raw small integers."""
+    if node.domain != "" or node.op_type in QUANTIZE_OPS + WIDE_FLOAT_OPS:
+        return None
+    allowed = INTEGER_KERNEL_DTYPES.get(node.op_type)
+    for name in list(node.inputs) + list(node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is None or value.const is not None:
+            continue
+        if allowed is not None and value.dtype in ("int32", "int64") and value.dtype not in allowed:
+            return f"value {name!r} is {value.dtype}; TFLite's {node.op_type} kernel takes no {value.dtype}"
+        if (value.dtype in RAW_SMALL_INTS and node.op_type not in DATA_MOVEMENT_OPS
+                and not _quantized(name, graph)):
+            return (f"value {name!r} is {value.dtype} without quantization parameters; TFLite's arithmetic "
+                    f"kernels take {value.dtype} only quantized (a QuantizeLinear/DequantizeLinear pair)")
+    return None
+
+
+def _quantized(name: str, graph: Graph) -> bool:
+    producer = graph.producer(name)
+    if producer is not None and producer.domain == "" and producer.op_type == "QuantizeLinear":
+        return True
+    return any(c.domain == "" and c.op_type == "DequantizeLinear" for c in graph.consumers(name))
 
 
 def _check_quantize(node: Node, graph: Graph) -> str | None:
