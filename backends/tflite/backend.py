@@ -82,12 +82,14 @@ class TFLiteExecutable(Executable):
         if found is not None:
             self._by_shape.move_to_end(shapes)
             return found
-        interpreter = self._make() if self._make is not None else self.interpreter
+        if self._make is not None:
+            interpreter = self._make()
+        else:  # no factory: the one interpreter is resized in place (and no longer holds its old shapes)
+            interpreter = self.interpreter
+            self._by_shape.clear()
         for index, shape in zip(self._inputs, shapes, strict=True):
             interpreter.resize_tensor_input(index, shape, strict=False)
         interpreter.allocate_tensors()
-        if self._make is None:  # no factory: the one interpreter is resized in place
-            self._by_shape.clear()
         self._by_shape[shapes] = interpreter
         while len(self._by_shape) > self.SHAPES_KEPT:
             self._by_shape.popitem(last=False)

@@ -102,7 +102,7 @@ def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
     if node.domain == "" and node.op_type in FOLDED_OPS:
         return None
-    refused = _wide_float(node, graph) or _integer_kernel(node, graph)
+    refused = _unknown_rank(node, graph) or _wide_float(node, graph) or _integer_kernel(node, graph)
     if refused is not None:
         return refused
     if node.domain == "" and node.op_type in RELABELLING_OPS:
@@ -122,6 +122,15 @@ def node_support(node: Node, graph: Graph) -> str | None:
         if name and value is not None and value.dtype is not None and value.dtype not in _TFLITE_DTYPES:
             return f"output {name!r} has dtype {value.dtype}, which TFLite tensors cannot hold"
     return entry.check(node, graph) if entry.check is not None else None
+
+
+def _unknown_rank(node: Node, graph: Graph) -> str | None:
+    """A computed value of unknown rank: every TFLite tensor has one (the exporter refuses it)."""
+    for name in list(node.inputs) + list(node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is not None and value.const is None and value.shape is None:
+            return f"value {name!r} has no known shape (TFLite needs every rank)"
+    return None
 
 
 def _wide_float(node: Node, graph: Graph) -> str | None:

@@ -196,6 +196,22 @@ def test_shape_signatures_kept_are_bounded(rng):
     assert executable.stats()["shape_signatures"] == TFLiteExecutable.SHAPES_KEPT
 
 
+def test_a_request_of_a_bad_shape_leaves_the_part_usable(rng):
+    """A static part asked at a shape its graph cannot take fails with a BackendError, and the
+    next request at its own shape runs (the interpreter is not left at the bad shape)."""
+    from edgeinfer.errors import BackendError
+
+    model = zoo.cnn_residual_depthwise()
+    feeds = zoo.example_inputs(model, seed=2)
+    executable = get_backend("tflite").compile(ei.convert(model).graph, CompileOptions())
+    (name, x), = feeds.items()
+    with pytest.raises(BackendError, match="failed to run"):
+        executable.run({name: np.zeros(x.shape[:2] + (5,), x.dtype)})  # rank 3 for a rank-4 input
+    got = executable.run(feeds)
+    for output, want in _onnxruntime(model, feeds).items():
+        assert_close(got[output], want, rtol=1e-4, atol=1e-4, name=output)
+
+
 def _sweep_models(rng) -> dict[str, tuple[onnx.ModelProto, dict]]:
     models = {"cnn_residual_depthwise": zoo.cnn_residual_depthwise(), "mlp_symbolic_batch": zoo.mlp_symbolic_batch(),
               "transformer_encoder_block": zoo.transformer_encoder_block(),
@@ -282,3 +298,24 @@ def test_elementwise_ops_tflite_accepts_run_in_every_dtype():
             except Exception as exc:  # noqa: BLE001  (collected: every lie is listed at once)
                 failures.append(f"{name}: {str(exc).splitlines()[0][:200]}")
     assert accepted > 50 and not failures, failures
+
+
+def test_a_value_read_only_inside_an_if_branch_leaves_its_tflite_part(rng):
+    """Silero VAD's shape: a tflite part computes a value that only an If body (on numpy)
+    reads, from the outer scope; the part must output it (Graph.subgraph counted only direct
+    inputs as uses, and the run failed with a KeyError once the tflite part compiled)."""
+    def branch(op: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["r"], ["o"])], op.lower(), [],
+                                 [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 3])])
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["s"]),
+             helper.make_node("If", ["c"], ["b"], then_branch=branch("Neg"), else_branch=branch("Abs")),
+             helper.make_node("Add", ["b", "s"], ["y"])]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    session = ei.Session(ei.convert(model, optimize=0), backend=["tflite", "numpy"])
+    assert [part.backend for part in session.plan.parts][0] == "tflite"
+    for flag in (True, False):
+        feeds = {"x": rng.standard_normal((2, 3)).astype(np.float32), "c": np.array(flag)}
+        assert_close(session.run(feeds)["y"], _onnxruntime(model, feeds)["y"], rtol=1e-5, atol=1e-6, name=f"If {flag}")
