@@ -20,7 +20,7 @@ def gather(data, indices, *, axis=0):
     axis = axis_of(axis, data.dim())
     flat = _positive(indices, data.shape[axis]).reshape(-1)
     picked = data.index_select(axis, flat)
-    return picked.reshape(*data.shape[:axis], *indices.shape, *data.shape[axis + 1:])
+    return picked.reshape((*data.shape[:axis], *indices.shape, *data.shape[axis + 1:]))  # () for a scalar pick
 
 
 @lowering("GatherElements", since=11)
@@ -44,7 +44,7 @@ def gather_nd(data, indices, *, batch_dims=0):
     flat_data, index, rows = _nd_index(data, indices, batch_dims)
     picked = flat_data[(rows, *index.unbind(-1))]
     depth = indices.shape[-1]
-    return picked.reshape(*indices.shape[:-1], *data.shape[batch_dims + depth:])
+    return picked.reshape((*indices.shape[:-1], *data.shape[batch_dims + depth:]))
 
 
 def _positive_columns(index: torch.Tensor, sizes) -> torch.Tensor:

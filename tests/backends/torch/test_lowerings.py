@@ -45,6 +45,13 @@ CASES: dict[str, tuple[int, str]] = {
         t = Concat <axis = 0> (ab, minus)
         y = Reshape (x, t)
     }"""),
+    "shape_scalar_gather": (17, """g (float[2,3,4] x) => (float[2,12] y) <int64 zero = {0}, int64[1] minus = {-1}, int64[1] axis = {0}> {
+        s = Shape (x)
+        n = Gather <axis = 0> (s, zero)
+        u = Unsqueeze (n, axis)
+        t = Concat <axis = 0> (u, minus)
+        y = Reshape (x, t)
+    }"""),  # YOLOv8's head: a scalar index into a shape picks a 0-d value
     "shape_to_data": (17, """g (float[2,3] x) => (float[2,3] y) {
         s = Shape (x)
         f = Cast <to = 1> (s)
