@@ -113,7 +113,8 @@ def measure(entry: RealModel, *, backends: Sequence[str], threads: int, runs: in
     row: dict[str, Any] = {"id": entry.id, "format": entry.format, "package": entry.package, "task": entry.task}
     start = time.perf_counter()
     try:
-        model = ei.convert(source, **entry.convert_kwargs)
+        kwargs = entry.convert_kwargs(feeds) if callable(entry.convert_kwargs) else entry.convert_kwargs
+        model = ei.convert(source, **kwargs)
     except ei.EdgeInferError as exc:
         row["convert_error"] = short(exc)
         return row
