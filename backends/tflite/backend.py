@@ -89,7 +89,8 @@ class TFLiteExecutable(Executable):
             self._by_shape.clear()
         for index, shape in zip(self._inputs, shapes, strict=True):
             interpreter.resize_tensor_input(index, shape, strict=False)
-        interpreter.allocate_tensors()
+        with native_info_quiet():  # XNNPACK announces itself when it first prepares the graph
+            interpreter.allocate_tensors()
         self._by_shape[shapes] = interpreter
         while len(self._by_shape) > self.SHAPES_KEPT:
             self._by_shape.popitem(last=False)
@@ -175,7 +176,8 @@ class TFLiteBackend(Backend):
             raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
         allocated = True
         try:
-            interpreter.allocate_tensors()
+            with native_info_quiet():
+                interpreter.allocate_tensors()
         except (RuntimeError, ValueError) as exc:
             if not dynamic:
                 raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: "
@@ -221,7 +223,8 @@ def _probe(interpreter: Any, graph: Graph) -> None:
         try:
             for detail in details:
                 interpreter.set_tensor(detail["index"], fill(detail["shape"], detail["dtype"]))
-            interpreter.invoke()
+            with native_info_quiet():
+                interpreter.invoke()
             return
         except (RuntimeError, ValueError) as exc:
             failures.append(exc)
