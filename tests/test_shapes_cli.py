@@ -106,3 +106,14 @@ def test_convert_verify_runs_on_the_shape_given(dynamic_cnn, tmp_path):
     assert "on random inputs input:1x3x40x40" in result.output and "ok" in result.output
     result = invoke("convert", dynamic_cnn, "-o", tmp_path / "m.eim", "--shape", "input:1x3x40x40")
     assert result.exit_code == 2 and "go with --verify" in result.output
+
+
+@pytest.mark.parametrize("flag", [("--backend", "auto"), ("--executor", "auto")])
+def test_auto_decides_on_the_shape_given(dynamic_cnn, flag):
+    """auto on a model with symbolic dims times the candidates on the --shape feeds (the
+    runtime never guesses dims), and the output has that shape."""
+    result = invoke("run", dynamic_cnn, "--random-inputs", "--shape", "input:2x3x48x48", "--repeat", 1,
+                    "--threads", 2, *flag)
+    assert result.exit_code == 0, result.output
+    assert "output logits: float32[2, 10]" in result.output
+    assert "auto: chose" in result.output or "executor" in result.output

@@ -184,7 +184,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             progress.describe(f"compiling {label}")
 
             def make(backend=backend) -> tuple[Any, Callable[[], Any]]:
-                session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
+                session = Session(model, backend=backend, threads=threads, example_feeds=feeds,
+                                  **_options_for(backend, session_options))
                 return session, lambda: session.run(feeds)
 
             try:
@@ -456,7 +457,8 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
         from edgeinfer.session import Session
 
         def make() -> tuple[Any, Callable[[], Any]]:
-            session = Session(model, backend=backend, threads=threads, **_options_for(backend, session_options))
+            session = Session(model, backend=backend, threads=threads, example_feeds=feeds,
+                              **_options_for(backend, session_options))
             return session, lambda: session.run(feeds)
 
     contender = _prepare("child", make, warmup)
