@@ -63,10 +63,28 @@ _ADMITTED = object()  # a request entered the pipeline (its timeout clock runs)
 _CLOSED = object()  # close() wakes a consumer waiting for a result
 DETACH_WAIT_S = 0.01  # how long close() waits for a busy worker before detaching it
 PLAN_DELAY_S = 0.5  # a stream serves on the default plan this long before the planner starts
+_SEQUENTIAL = object()  # a planner candidate: the compiled plan's own runner, one worker
 
 
 class PlanningCancelled(SchedulerError):
     """The stream that asked for a plan was closed before the plan was ready."""
+
+
+class _Borrowed:
+    """The compiled plan's own runner serving as a stage (the whole graph, all its threads): a
+    stream starts on it without compiling anything; the compiled plan owns it, so closing the
+    stage leaves it open."""
+
+    def __init__(self, compiled: CompiledPlan):
+        self._compiled = compiled
+        self.graph = compiled.graph
+        self.parts = compiled.runner.parts
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        return self._compiled.runner.run(feeds)
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -130,6 +148,8 @@ class StagePlan:
         for candidate in self.candidates:
             measured = candidate.get("measured")
             on = f" on {candidate['on']}" if "on" in candidate else ""
+            if "threads" in candidate:
+                on += f" (the compiled plan, {candidate['threads']} threads)"
             lines.append(f"  considered {candidate['stages']} stage(s) x {candidate['replicas']}{on}: predicted "
                          f"{candidate['predicted']:.1f}/s" + (f", measured {measured:.1f}/s" if measured else ""))
         return "\n".join(lines)
@@ -236,10 +256,23 @@ def _workers(compiled: CompiledPlan, workers: int | None) -> int:
     return workers or compiled.threads or os.cpu_count() or 1
 
 
-def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
-    """What a stream serves while the planner measures: the whole graph as one stage, one
-    single-threaded copy per worker (as two 1-thread onnxruntime sessions would)."""
+def _sequential(compiled: CompiledPlan) -> Stage:
+    """The whole graph on the compiled plan's own runner (borrowed, with all its threads)."""
     graph = compiled.graph
+    return Stage(range(0, len(graph.nodes)), [_Borrowed(compiled)], frozenset(graph.output_names), graph,
+                 list(compiled.plan.assignment.backends))
+
+
+def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
+    """What a stream serves while the planner measures: the compiled plan's own runner, one
+    worker with all its threads (what ``run`` in a loop gives, with intake and delivery on
+    other threads). Nothing is compiled, so the first request starts at once; copies compiled
+    for replicas cost a compile each (onnxruntime: tens of ms), which a short stream never
+    earns back. Without a local runner (Ray), one single-threaded copy per worker."""
+    graph = compiled.graph
+    if compiled.runner is not None:
+        return StagePlan([_sequential(compiled)], [1], [0.0], compiled.threads or _workers(compiled, workers),
+                         graph.output_names, kind="default")
     count = _workers(compiled, workers)
     stages = _build_stages(compiled, [(0, len(graph.nodes))], threads=1)
     stages[0].replicate(count)
@@ -306,6 +339,15 @@ def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int
             stage_list, seconds = _split_measured(compiled, costs, cross, k, feeds)
             built.append((stage_list, seconds, replicate(seconds, workers, fixed), None))
         candidates = [{"stages": len(s), "replicas": r, "predicted": throughput(t, r)} for s, t, r, _ in built]
+        if measure and stages == "auto" and replicas in (None, "auto") and compiled.runner is not None \
+                and workers > 1 and not out_of_time():
+            # one worker on the compiled runner with every thread: intra-op parallelism instead
+            # of replicas (onnxruntime sequential is often on par with one 1-thread copy per core)
+            stage_list = [_sequential(compiled)]
+            seconds = _measure_stages(stage_list, feeds)
+            built.append((stage_list, seconds, [1], _SEQUENTIAL))
+            candidates.append({"stages": 1, "replicas": [1], "predicted": throughput(seconds, [1]),
+                               "threads": workers})
         if measure and stages == "auto" and replicas in (None, "auto"):
             for label, engines in _other_engines(compiled):  # backend="auto": engines fare differently in streams
                 check_cancelled()
@@ -339,6 +381,8 @@ def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int
         if index != best:
             _close_stages(entry[0])
     stage_list, seconds, reps, engines = built[best]
+    if engines is _SEQUENTIAL:
+        return StagePlan(stage_list, reps, seconds, workers, graph.output_names, candidates)
     per_worker = max(1, workers // sum(reps))
     if per_worker > 1:  # spare cores: give each worker several intra-op threads
         rebuilt = _build_stages(compiled, [(s.nodes.start, s.nodes.stop) for s in stage_list], per_worker, engines)
@@ -458,7 +502,9 @@ class Pipeline:
             raise BackendError(f"timeout {timeout!r}: expected a positive number of seconds")
         self.timeout = timeout
         self._results: queue.SimpleQueue = queue.SimpleQueue()
-        self._slots = threading.Semaphore(self.max_in_flight)
+        self._slots: queue.SimpleQueue = queue.SimpleQueue()  # one token per request that may be admitted
+        for _ in range(self.max_in_flight):  # (a C queue: threading.Semaphore costs a Python Condition per call)
+            self._slots.put(None)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._lanes: list[_Lane] = []
@@ -492,7 +538,7 @@ class Pipeline:
         lane = self._lanes[0]
         try:
             while True:
-                self._slots.acquire()
+                self._slots.get()
                 if self._stop.is_set():
                     return
                 try:
@@ -558,7 +604,7 @@ class Pipeline:
                     raise error
                 results = {name: message[name] for name in self.plan.output_names}
                 yield select(results) if select is not None else results
-                self._slots.release()  # the consumer is back for more: room for one more request
+                self._slots.put(None)  # the consumer is back for more: room for one more request
         finally:
             self.close()
 
@@ -590,7 +636,7 @@ class Pipeline:
             lane.stop()
         self._results.put((-1, _CLOSED, None))
         for _ in range(self.max_in_flight + 1):  # wake an intake waiting for a slot
-            self._slots.release()
+            self._slots.put(None)
         threads = [t for lane in lanes for t in lane.threads] + self.helpers
         if self._intake is not None:
             threads.append(self._intake)

@@ -103,7 +103,9 @@ def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(ml
 
         outs = list(session.stream(source()))
         default = session.stage_plans[("default", "N=1")]
-        assert default.kind == "default" and len(default.stages) == 1 and default.replicas == [2]
+        # the compiled plan's own runner, nothing compiled for it; closing the stage plan leaves it open
+        assert default.kind == "default" and len(default.stages) == 1 and default.replicas == [1]
+        assert default.stages[0].runner.run(requests[0])["probs"] is not None
         assert session.stage_plans[measured_key].kind == "measured"
     assert len(outs) == 400
     for index, out in enumerate(outs[:8]):
@@ -117,3 +119,20 @@ def test_plan_first_plans_before_serving(mlp):
         outs = list(session.stream(frames(6), plan="first", plan_budget=5.0))
         assert len(outs) == 6
         assert list(session.stage_plans) == [("auto", "auto", "N=1")]
+
+
+def test_a_stream_starts_without_compiling_anything(mlp):
+    """The default plan borrows the compiled plan's own runner: the first results come before any
+    engine copy is compiled (a compile costs tens of ms, more than a short stream lasts)."""
+    engine = FaultyBackend("counting")
+    requests = frames(6)
+    reference = ei.Session(mlp)
+    with ei.Session(mlp, backend=[engine, "numpy"], threads=2) as session:
+        session.run(requests[0])
+        compiled_before = engine.compiles
+        seen = []
+        for index, out in enumerate(session.stream(requests)):
+            seen.append(engine.compiles)
+            assert_close(out["probs"], reference.run(requests[index])["probs"], name=f"request {index}")
+        assert seen[0] == compiled_before
+    assert not edgeinfer_threads()
