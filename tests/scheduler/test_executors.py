@@ -252,3 +252,31 @@ def test_executor_auto_keeps_the_faster_of_sequential_and_dag(inception):
     with ei.Session(chain_model, executor="auto", example_feeds=chain_model.random_feeds()) as chain:
         assert chain.executor == "sequential" and chain.executor_ms == {}  # a chain has no branches
     assert not edgeinfer_threads()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_concurrency_counts_the_parts_neither_before_nor_after_each_part(seed):
+    """What the DAG executor sizes its thread shares by, against reachability by search."""
+    from types import SimpleNamespace
+
+    from edgeinfer.scheduler import _concurrency
+
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(1, 60))
+    parts = [SimpleNamespace(inputs=[f"v{int(j)}" for j in rng.integers(0, i, int(rng.integers(0, 4)))] if i else ["x"],
+                             outputs=[f"v{i}"]) for i in range(count)]
+    children = {i: {int(name[1:]) for name in part.inputs if name != "x"} for i, part in enumerate(parts)}
+
+    def reach(i: int) -> set[int]:
+        seen, todo = set(), list(children[i])
+        while todo:
+            j = todo.pop()
+            if j not in seen:
+                seen.add(j)
+                todo.extend(children[j])
+        return seen
+
+    before = [reach(i) for i in range(count)]
+    expected = [sum(1 for j in range(count) if j != i and j not in before[i] and i not in before[j])
+                for i in range(count)]
+    assert _concurrency(parts) == expected
