@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from contextlib import contextmanager
@@ -291,7 +292,34 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
                             executor_ms=executor_ms, auto_choice=auto_choice)
     compiled.repartitions.extend(notes)
     compiled.excluded = excluded
+    if auto_choice is None:
+        warn_if_unused(plan, [b.name for b in backends])
     return compiled
+
+
+class ReferenceFallbackWarning(UserWarning):
+    """The backends a caller named took none of the model's nodes: it all runs on numpy."""
+
+
+def warn_if_unused(plan: Any, names: list[str]) -> None:
+    """Say it when every node of a model fell back to the numpy reference although the caller
+    named other engines (a quiet fallback would hide that the engine was never used)."""
+    from edgeinfer.scheduler import REFERENCE
+
+    named = [name for name in names if name != REFERENCE]
+    if not named or not plan.parts or any(part.backend != REFERENCE for part in plan.parts):
+        return
+    reasons: dict[str, int] = {}
+    for declined in plan.assignment.declined.values():
+        for name in named:
+            if name in declined:
+                reason = f"{name}: {declined[name]}"
+                reasons[reason] = reasons.get(reason, 0) + 1
+    top = "; ".join(f"{reason} (x{count})" if count > 1 else reason
+                    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    warnings.warn(f"backend {', '.join(named)} took none of the model's {len(plan.assignment.backends)} nodes: "
+                  f"everything runs on the numpy reference ({top or 'every part failed there'})",
+                  ReferenceFallbackWarning, stacklevel=4)
 
 
 def _local(runner: Any, executor: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import warnings
 
 import numpy as np
 import onnx
@@ -14,9 +15,11 @@ from onnx import TensorProto, helper, numpy_helper
 import edgeinfer as ei
 from devkit import zoo
 from devkit.testing import assert_close
+from edgeinfer.backend import Backend, get_backend
 from edgeinfer.errors import EdgeInferError, InputError, SchedulerError
 from edgeinfer.runtime import auto
 from edgeinfer.runtime.feeds import Signature
+from edgeinfer.runtime.plans import ReferenceFallbackWarning
 
 from .threads import edgeinfer_threads
 
@@ -238,3 +241,38 @@ def test_a_part_that_fails_its_first_run_is_re_partitioned(executor):
         plan_before = session.plan
         assert_close(session.run(feeds)["logits"], reference, rtol=1e-4, atol=1e-5)
         assert session.plan is plan_before  # proven: no more probing
+
+
+class _Float32Only(Backend):
+    """An engine that declines float64 values (as TFLite and OpenVINO do)."""
+
+    name = "faulty"
+
+    def __init__(self):
+        self.inner = get_backend("numpy")
+
+    def supports(self, node, graph):
+        dtypes = {str(graph.values[v].dtype) for v in node.inputs if v in graph.values}
+        return "value is float64" if "float64" in dtypes else None
+
+    def compile(self, graph, options):
+        return self.inner.compile(graph, options)
+
+
+def test_a_named_backend_that_takes_nothing_says_so():
+    """Everything quietly on numpy would hide that the engine the caller named never ran: the
+    session warns, with the engine's reasons, and still runs (on the reference)."""
+    graph = helper.make_graph([helper.make_node("Sqrt", ["x"], ["y"])], "doubles",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [3])])
+    model = ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = {"x": np.array([1.0, 4.0, 9.0])}
+    with pytest.warns(ReferenceFallbackWarning, match=r"backend faulty took none of the model's 1 nodes.*float64"):
+        session = ei.Session(model, backend=[_Float32Only(), "numpy"])
+    assert [p.backend for p in session.plan.parts] == ["numpy"]
+    np.testing.assert_array_equal(session.run(feeds)["y"], np.sqrt(feeds["x"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReferenceFallbackWarning)
+        ei.Session(model, backend="numpy")  # the reference named alone: nothing to say
+        float32 = ei.Session(ei.convert(zoo.mlp_symbolic_batch(seed=1)), backend=[_Float32Only(), "numpy"])
+        assert {p.backend for p in float32.plan.parts} == {"faulty"}  # it took the nodes: nothing to say
