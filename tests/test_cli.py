@@ -175,7 +175,8 @@ def test_convert_strict_refuses_non_finite_weights_and_warns_without(tmp_path):
 HEAVY = ("onnx", "onnxruntime", "torch", "tensorflow", "openvino", "ml_dtypes", "ai_edge_litert", "ray")
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["bench", "--help"],
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["bench", "--help"], ["convert", "--help"],
+                                  ["quantize", "--help"],
                                   ["inspect", "/nonexistent/model.onnx"], ["run", "/nonexistent/model.onnx"],
                                   ["convert", "/nonexistent/model.onnx", "-o", "/nonexistent/x.eim"]])
 def test_help_and_early_errors_import_no_engine_and_no_onnx(argv):
@@ -185,3 +186,13 @@ def test_help_and_early_errors_import_no_engine_and_no_onnx(argv):
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
                           env={**os.environ, "EDGEINFER_DEBUG": "0"})
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+def test_the_clis_calibration_names_are_the_librarys():
+    """The CLI spells them so that --help imports no framework; they must not drift."""
+    from edgeinfer.cli import quantize as cli_quantize
+    from edgeinfer.quantize.methods import CALIBRATION_METHODS
+    from edgeinfer.quantize.static import DEFAULT_METHOD
+
+    assert sorted(cli_quantize.CALIBRATION_METHODS) == sorted(CALIBRATION_METHODS)
+    assert cli_quantize.DEFAULT_METHOD == DEFAULT_METHOD

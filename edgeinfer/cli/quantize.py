@@ -41,15 +41,17 @@ def _size(text: str | None) -> tuple[int, int] | None:
     return (int(parts[0]), int(parts[-1]))
 
 
-def _calibration_methods() -> list[str]:
-    from edgeinfer.quantize.methods import CALIBRATION_METHODS
+# The library's calibration names, spelled here so that `--help` imports no framework (the
+# quantize package pulls in onnx: a second of startup); tests/test_cli.py checks they match.
+CALIBRATION_METHODS = ("entropy", "minmax", "mse", "percentile")
+DEFAULT_METHOD = "mse"
 
-    return sorted(CALIBRATION_METHODS)
+
+def _calibration_methods() -> list[str]:
+    return list(CALIBRATION_METHODS)
 
 
 def _default_method() -> str:
-    from edgeinfer.quantize.static import DEFAULT_METHOD
-
     return DEFAULT_METHOD
 
 
