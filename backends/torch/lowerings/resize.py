@@ -16,8 +16,8 @@ import math
 import numpy as np
 import torch
 
-from edgeinfer.backends.numpy.kernels import resize as geometry
 from edgeinfer.backends.torch.registry import lowering
+from edgeinfer.ir import resize_geometry as geometry
 
 
 def _array(value):
@@ -31,8 +31,8 @@ def _array(value):
 @functools.lru_cache(maxsize=512)
 def _axis_plan(mode, coordinate_mode, out_size, in_size, scale, roi_axis, antialias, cubic_a, exclude_outside,
                nearest_mode, device):
-    coords = geometry._source_coords(coordinate_mode, out_size, in_size, scale, roi_axis)
-    index, weights = geometry._taps(coords, in_size, scale, mode, antialias, cubic_a, exclude_outside, nearest_mode)
+    coords = geometry.source_coords(coordinate_mode, out_size, in_size, scale, roi_axis)
+    index, weights = geometry.taps(coords, in_size, scale, mode, antialias, cubic_a, exclude_outside, nearest_mode)
     outside = (coords < 0) | (coords > in_size - 1) if coordinate_mode == "tf_crop_and_resize" else None
     as_device = functools.partial(torch.as_tensor, device=device)
     return (as_device(index.astype(np.int64)), None if weights is None else as_device(weights),
@@ -49,7 +49,7 @@ def _check(node, graph) -> str | None:
 def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
            cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
            mode="nearest", nearest_mode="round_prefer_floor"):
-    axes, factors, out_sizes = geometry._output_geometry(_Shape(x.shape), _array(scales),
+    axes, factors, out_sizes = geometry.output_geometry(_Shape(x.shape), _array(scales),
                                                          _array(sizes), axes, keep_aspect_ratio_policy)
     crop = coordinate_transformation_mode == "tf_crop_and_resize"
     roi = _array(roi)
