@@ -51,9 +51,25 @@ class Executable(ABC):
         self.input_names = graph.input_names
         self.output_names = graph.output_names
 
+    # Device-resident values: an executable whose ``resident`` names a family of values (the
+    # torch backend: "torch") also has ``run_resident``, which takes host arrays or values of
+    # that family (on any device) and returns values of that family left on its device, and
+    # ``to_host`` turning one into a numpy array. The executors hand such values from one part
+    # to the next part of the same family as they are (no host round trip inside a plan) and
+    # copy a value to the host once where a part of another family, or the caller, reads it.
+    resident: str | None = None
+
     @abstractmethod
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once; ``feeds`` are already validated. Returns outputs in graph order."""
+
+    def run_resident(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """``run`` with device-resident values in and out (see ``resident``)."""
+        return self.run(feeds)
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """A value ``run_resident`` returned, as a numpy array on the host."""
+        return value
 
     def stats(self) -> dict[str, Any]:
         """Backend-specific facts about the last run (peak memory, fallback ops, timings)."""

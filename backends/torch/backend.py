@@ -152,26 +152,33 @@ class TorchExecutable(Executable):
 
     # -- feeds and results ------------------------------------------------------------------
     def _device_input(self, value: Any, index: int) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            tensor = value if value.device == self.device else value.to(self.device, non_blocking=True)
-        else:
-            tensor = to_torch(value)
-            if self.device.type == "cuda":
-                tensor = self._pinned(index, tensor).to(self.device, non_blocking=True)
-            elif self.device.type != "cpu":
-                tensor = tensor.to(self.device)
+        tensor = value if isinstance(value, torch.Tensor) else to_torch(value)
+        if tensor.device != self.device:
+            if self.device.type == "cuda" and tensor.device.type == "cpu":
+                tensor = self._pinned(index, tensor)  # a host value crossing to the GPU: pinned, once
+            else:
+                tensor = tensor.to(self.device, non_blocking=self.device.type == "cuda")  # into device memory
         if tensor.dtype == torch.float32 and self.float_dtype != torch.float32:
             tensor = tensor.to(self.float_dtype)
         return tensor
 
     def _pinned(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` copied into this thread's pinned staging buffer for input ``index``."""
+        """``tensor`` on the device, copied through this thread's pinned staging buffer for
+        input ``index`` asynchronously. The buffer is refilled only once the previous request's
+        copy out of it is done (its event): a device-resident result does not wait for the
+        host, so the next request may arrive while that copy is still in flight."""
         staging = self._local.__dict__.setdefault("staging", {})
-        buffer = staging.get(index)
+        buffer, copied = staging.get(index, (None, None))
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            buffer = staging[index] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            buffer, copied = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True), None
+        elif copied is not None:
+            copied.synchronize()
         buffer.copy_(tensor)
-        return buffer
+        on_device = buffer.to(self.device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(self.device))
+        staging[index] = (buffer, copied)
+        return on_device
 
     def _signature(self, tensors: list[torch.Tensor]) -> tuple:
         return tuple((tuple(t.shape), t.dtype) for t in tensors)
@@ -219,6 +226,14 @@ class TorchExecutable(Executable):
 
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return {name: to_numpy(tensor) for name, tensor in self.run_tensors(feeds).items()}
+
+    resident = "torch"  # the executors hand torch tensors between torch parts as they are
+
+    def run_resident(self, feeds: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return self.run_tensors(feeds)
+
+    def to_host(self, value: torch.Tensor) -> np.ndarray:
+        return to_numpy(value)
 
     def stats(self) -> dict[str, Any]:
         placements = collections.Counter(self.placements.values())

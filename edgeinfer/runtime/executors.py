@@ -2,7 +2,9 @@
 
 Both take compiled parts (``CompiledPart``: a subgraph and its backend's executable) in a
 topological order. Values crossing parts live in a per-request dict; nothing is shared
-between requests, so ``run`` may be called from many threads at once.
+between requests, so ``run`` may be called from many threads at once. Between two parts
+whose executables keep values on their device (``Executable.resident``: the torch backend)
+the values stay there; a value read on the host is copied once (``PlanRunner``).
 
 The DAG executor is a dependency engine (MXNet's threaded engine, TBB's flow graph): each
 part counts the parts it waits for; a finished part decrements its consumers' counts and the
@@ -82,6 +84,7 @@ class CompiledPart:
         self._local.executable = first
         self.inputs = part.inputs
         self.outputs = part.outputs
+        self.resident: str | None = getattr(first, "resident", None)  # see Executable.resident
 
     def executable(self) -> Executable:
         """The executable this thread would run now (thread safe: the shared one)."""
@@ -106,17 +109,28 @@ class CompiledPart:
         return executable
 
     def run(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        feeds = {name: env[name] for name in self.inputs}
+        """Run on the part's inputs picked from ``env``: numpy in, numpy out."""
+        return self.call({name: env[name] for name in self.inputs})
+
+    def call(self, feeds: dict[str, Any], resident: bool = False) -> dict[str, Any]:
+        """Run on ``feeds``; with ``resident`` through ``Executable.run_resident`` (values of
+        this part's family in and out, left on its device)."""
         if self.proven:
-            return self._run(feeds)
+            return self._run(feeds, resident)
         try:
-            results = self._run(feeds)
+            results = self._run(feeds, resident)
         except Exception as exc:
-            if not self.proven and self.failure is None:
-                self.failure = (exc, feeds)
+            if not self.proven and self.failure is None:  # kept for the re-partition's probes: on the host
+                self.failure = (exc, {name: self.to_host(value) for name, value in feeds.items()})
             raise
         self.proven = True
         return results
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """One of this part's device-resident values (or a host array) as a numpy array."""
+        if self.resident is None or isinstance(value, (np.ndarray, np.generic)):
+            return value
+        return self.first.to_host(value)
 
     def close(self) -> None:
         """Close every compiled copy (the shared one, idle ones, thread-bound ones still alive)."""
@@ -132,26 +146,40 @@ class CompiledPart:
         self.first = None
         self._local = threading.local()
 
-    def _run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    def _run(self, feeds: dict[str, Any], resident: bool = False) -> dict[str, Any]:
         if self.closed:
             raise SchedulerError(f"part {self.part.graph.name!r} is closed: its session or plan was closed")
         if self.thread_safe:
-            return self.first.run(feeds)
+            executable = self.first
+            return executable.run_resident(feeds) if resident else executable.run(feeds)
         if self.thread_affine:
-            return self._bound().run(feeds)
+            executable = self._bound()
+            return executable.run_resident(feeds) if resident else executable.run(feeds)
         with self._lock:
             executable = self._idle.pop() if self._idle else None
         if executable is None:
             executable = self._compile()
         try:
-            return executable.run(feeds)
+            return executable.run_resident(feeds) if resident else executable.run(feeds)
         finally:
             with self._lock:
                 self._idle.append(executable)
 
 
+def host_key(name: str) -> tuple[str, str]:
+    """Where a request's values keep the host copy of a device-resident value ``name`` that
+    parts of its own family read too (they read the device value under ``name``)."""
+    return ("host", name)
+
+
 class PlanRunner:
-    """What both executors share: the graph's boundary and the constants it outputs."""
+    """What both executors share: the graph's boundary, the constants it outputs, and how
+    values pass between parts.
+
+    Values of parts whose executables are ``resident`` (torch) stay on their device while the
+    parts reading them are of the same family; a value that a part of another family (numpy,
+    onnxruntime) or the caller reads is copied to the host once, right after the part that
+    made it ran (``host_copies``), whoever reads it after."""
 
     def __init__(self, graph: Graph, parts: Sequence[CompiledPart]):
         self.graph = graph
@@ -161,9 +189,54 @@ class PlanRunner:
         inits = graph.initializers
         # an output that no part produces is a graph input or a constant
         self.constant_outputs = {n: inits[n] for n in self.output_names if n not in produced and n in inits}
+        self._plan_handoffs()
 
-    def _results(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {name: env[name] if name in env else self.constant_outputs[name] for name in self.output_names}
+    def _plan_handoffs(self) -> None:
+        families = [part.resident for part in self.parts]
+        self.resident = any(family is not None for family in families)
+        self.host_copies: list[list[str]] = [[] for _ in self.parts]  # per part: outputs copied to the host
+        self._both: set[str] = set()  # values kept on the device and on the host
+        self._feed_keys: list[list[tuple[str, Any]]] = [[(n, n) for n in part.inputs] for part in self.parts]
+        self._output_keys = {name: name for name in self.output_names}
+        if not self.resident:
+            return
+        readers: dict[str, set[str | None]] = {name: {None} for name in self.output_names}  # None: the host
+        for part, family in zip(self.parts, families):
+            for name in part.inputs:
+                readers.setdefault(name, set()).add(family)
+        producer_family: dict[str, str | None] = {}
+        for index, (part, family) in enumerate(zip(self.parts, families)):
+            for name in part.outputs:
+                producer_family[name] = family
+                read_by = readers.get(name, set())
+                if family is None or read_by <= {family}:
+                    continue
+                self.host_copies[index].append(name)
+                if family in read_by:
+                    self._both.add(name)
+        for part, family, keys in zip(self.parts, families, self._feed_keys):
+            keys[:] = [(n, host_key(n) if n in self._both and producer_family[n] != family else n)
+                       for n in part.inputs]
+        self._output_keys = {n: host_key(n) if n in self._both else n for n in self.output_names}
+
+    def _run_part(self, index: int, env: dict[Any, Any]) -> dict[Any, Any]:
+        """Run part ``index`` on its inputs in ``env``; the values to add to ``env``."""
+        part = self.parts[index]
+        if not self.resident:
+            return part.run(env)
+        results = part.call({name: env[key] for name, key in self._feed_keys[index]}, resident=part.resident is not None)
+        for name in self.host_copies[index]:
+            host = part.to_host(results[name])
+            if name in self._both:
+                results[host_key(name)] = host
+            else:
+                results[name] = host
+        return results
+
+    def _results(self, env: dict[Any, Any]) -> dict[str, np.ndarray]:
+        keys = self._output_keys
+        return {name: env[keys[name]] if keys[name] in env else self.constant_outputs[name]
+                for name in self.output_names}
 
     def close(self) -> None:
         """Close every part's compiled executables (and, for the DAG executor, stop its threads)."""
@@ -197,10 +270,17 @@ class SequentialExecutor(PlanRunner):
             results = self.parts[0].run(feeds)
             return {name: results[name] for name in self.output_names}
         env = dict(feeds)
-        for part, free in zip(self.parts, self._free):
-            env.update(part.run(env))
+        if not self.resident:
+            for part, free in zip(self.parts, self._free):
+                env.update(part.run(env))
+                for name in free:
+                    env.pop(name, None)
+            return self._results(env)
+        for index, free in enumerate(self._free):
+            env.update(self._run_part(index, env))
             for name in free:
                 env.pop(name, None)
+                env.pop(host_key(name), None)
         return self._results(env)
 
 
@@ -319,7 +399,7 @@ class DagExecutor(PlanRunner):
                     return
                 index = run.ready.popleft()
             try:
-                results = self.parts[index].run(run.env)
+                results = self._run_part(index, run.env)
             except BaseException as exc:  # the owner raises it
                 with cond:
                     if run.error is None:
@@ -335,6 +415,7 @@ class DagExecutor(PlanRunner):
                         if left == 1:
                             del run.readers[name]
                             run.env.pop(name, None)
+                            run.env.pop(host_key(name), None)
                         else:
                             run.readers[name] = left - 1
                 run.remaining -= 1

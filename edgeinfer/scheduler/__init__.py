@@ -50,7 +50,19 @@ BackendSpec = str | Backend
 
 
 def _spec_name(spec: BackendSpec) -> str:
-    return spec.name if isinstance(spec, Backend) else spec
+    """The backend's name: ``"torch@cuda:0"`` (a backend on a device of its own) is ``"torch"``."""
+    return spec.name if isinstance(spec, Backend) else spec.partition("@")[0]
+
+
+def spec_device(spec: BackendSpec, device: str, options: Mapping[str, Any]) -> str:
+    """The device a backend spec runs on: ``name@device``, else the backend's ``device`` engine
+    option (``backend_options={"torch": {"device": "cuda:0"}}``), else the session's ``device``.
+    So one plan mixes devices: torch on the GPU, onnxruntime on the CPU."""
+    name, _, own = spec.partition("@")
+    option = options.get("device")
+    if own and option is not None and option != own:
+        raise BackendError(f"backend {spec!r} and backend_options[{name!r}]['device']={option!r} name two devices")
+    return own or option or device
 
 
 def backend_priority(backend: BackendSpec | Sequence[BackendSpec]) -> list[BackendSpec]:
@@ -72,8 +84,9 @@ def backend_priority(backend: BackendSpec | Sequence[BackendSpec]) -> list[Backe
 def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback: bool = False,
                   options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Backend]:
     """Instantiate backends by name (objects are used as they are). ``options`` maps a backend
-    name to its engine options. The numpy reference runs on the CPU whatever the device (it is
-    the fallback of last resort)."""
+    name to its engine options (``"device"`` among them places that backend, as ``name@device``
+    does; see ``spec_device``). The numpy reference runs on the CPU whatever the session's
+    device (it is the fallback of last resort)."""
     options = dict(options or {})
     names = [_spec_name(s) for s in specs]
     unknown = sorted(set(options) - set(names))
@@ -84,8 +97,13 @@ def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback
         if isinstance(spec, Backend):
             backends.append(spec)
             continue
-        on = "cpu" if spec == REFERENCE and len(specs) > 1 else device
-        backends.append(get_backend(spec, device=on, fallback=fallback, **dict(options.get(spec, {}))))
+        name = _spec_name(spec)
+        engine_options = dict(options.get(name, {}))
+        on = spec_device(spec, device, engine_options)
+        engine_options.pop("device", None)
+        if name == REFERENCE and len(specs) > 1 and "@" not in spec and "device" not in options.get(name, {}):
+            on = "cpu"
+        backends.append(get_backend(name, device=on, fallback=fallback, **engine_options))
     return backends
 
 
