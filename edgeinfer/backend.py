@@ -93,6 +93,17 @@ class Backend(ABC):
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         """Prepare ``graph`` (self-contained, typed) for repeated runs."""
 
+    def value_device(self) -> str:
+        """Where the values its executables hand on live: ``"cpu"`` (the host) for an engine
+        that takes and returns numpy arrays (its own copies to and from its device are part of
+        its run time), its device for one whose executables are ``resident`` (torch)."""
+        return "cpu"
+
+    def link_bytes_per_second(self) -> dict[tuple[str, str], float]:
+        """Copy bandwidth between the host and ``value_device()``, by (source, destination)
+        device, where the backend measured it; the planner uses a documented default elsewhere."""
+        return {}
+
     def unsupported(self, graph: Graph) -> dict[str, str]:
         """node label -> reason, for every node this backend cannot run."""
         reasons = {}

@@ -27,6 +27,7 @@ import collections
 import logging
 import re
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +85,53 @@ def resolve_device(device: str, fallback: bool = False) -> torch.device:
         log.warning("%s; running on the CPU", message)
         chosen = "cpu"
     return torch.device(chosen)
+
+
+LINK_PROBE_BYTES = 16 << 20  # what the copy-bandwidth probe moves each way
+_LINKS: dict[str, dict[tuple[str, str], float]] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def link_bytes_per_second(device: torch.device) -> dict[tuple[str, str], float]:
+    """Host <-> ``device`` copy bandwidth, measured once per device and process (16 MiB each
+    way, best of three; from pinned host memory on CUDA, as the backend copies); ``{}`` for
+    the CPU, where nothing is copied."""
+    if device.type == "cpu":
+        return {}
+    with _LINKS_LOCK:
+        if str(device) not in _LINKS:
+            _LINKS[str(device)] = _measure_links(device)
+        return dict(_LINKS[str(device)])
+
+
+def _measure_links(device: torch.device) -> dict[tuple[str, str], float]:
+    cuda = device.type == "cuda"
+    host = torch.empty(LINK_PROBE_BYTES, dtype=torch.uint8, pin_memory=cuda)
+    on_device = torch.empty(LINK_PROBE_BYTES, dtype=torch.uint8, device=device)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+        else:
+            torch.mps.synchronize()
+
+    def best(copy) -> float:
+        copy()
+        sync()
+        fastest = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            copy()
+            sync()
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
+
+    to_device = best(lambda: on_device.copy_(host, non_blocking=cuda))
+    to_host = best(lambda: host.copy_(on_device, non_blocking=cuda))
+    name = str(device)
+    found = {("cpu", name): LINK_PROBE_BYTES / to_device, (name, "cpu"): LINK_PROBE_BYTES / to_host}
+    log.info("torch backend: host <-> %s copies %s", name, {k: f"{v / 1e9:.1f} GB/s" for k, v in found.items()})
+    return found
 
 
 def _check_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,6 +309,12 @@ class TorchBackend(Backend):
         if self.engine_options.get("cuda_graphs") and self.torch_device.type != "cuda":
             raise BackendError(f"torch backend: cuda_graphs=True needs a CUDA device, the backend runs on "
                                f"{self.torch_device} (available: {available_devices()})")
+
+    def value_device(self) -> str:
+        return self.device  # executables are resident: values stay on the device between parts
+
+    def link_bytes_per_second(self) -> dict[tuple[str, str], float]:
+        return link_bytes_per_second(self.torch_device)
 
     def supports(self, node: Node, graph: Graph) -> str | None:
         if node.op_type in CONTAINER_OPS or node.subgraphs():

@@ -43,9 +43,8 @@ from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, 
 from edgeinfer.runtime.executors import SequentialExecutor
 from edgeinfer.scheduler import compile_parts, make_plan
 from edgeinfer.scheduler.planner import (
-    HANDOFF_SECONDS,
     best_time,
-    crossing_bytes,
+    cut_seconds,
     profile_nodes,
     replicate,
     split,
@@ -287,9 +286,10 @@ def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int
     """Plan a pipeline for ``compiled`` over ``workers`` (default its threads, else all cores),
     profiling with ``feeds`` (real feeds of the plan's signature).
 
-    A cut costs a hand-off between threads; with ``transfer_bytes_per_second`` (stages on other
-    machines) also the bytes crossing it, so cuts go where activations are small. Local stages
-    pass arrays by reference, so bytes cost nothing there. ``compile_stages=False`` (Ray) splits
+    A cut costs a hand-off between threads, the host <-> device copies it adds
+    (``planner.device_cut_seconds``) and, with ``transfer_bytes_per_second`` (stages on other
+    machines), the bytes crossing it, so cuts go where activations are small. Local stages on
+    the host pass arrays by reference, so bytes cost nothing there. ``compile_stages=False`` (Ray) splits
     on the profile alone and compiles no stage. ``budget``: seconds after which no further
     candidate is tried (the best one so far is kept). ``cancelled()`` true: stop
     (``PlanningCancelled``)."""
@@ -313,8 +313,7 @@ def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int
 
     by_name = {b.name: b for b in compiled.backends}
     costs, _ = profile_nodes(graph, compiled.plan.assignment.backends, by_name, feeds)
-    cross = [HANDOFF_SECONDS + (size / transfer_bytes_per_second if transfer_bytes_per_second else 0.0)
-             for size in crossing_bytes(graph)]
+    cross = cut_seconds(graph, [by_name[name] for name in compiled.plan.assignment.backends], transfer_bytes_per_second)
     fixed = None if replicas in (None, "auto") else replicas
     if isinstance(stages, int):
         counts = [stages]

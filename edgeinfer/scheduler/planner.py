@@ -25,6 +25,10 @@ from edgeinfer.backend import Backend, CompileOptions
 from edgeinfer.ir import Graph, dtypes
 
 HANDOFF_SECONDS = 50e-6  # a queue hand-off between two threads, measured order of magnitude
+HOST = "cpu"
+# Host <-> accelerator copies where no backend measured its link: PCIe 3.0 x16 moves about
+# 12 GB/s from pinned memory and half that from pageable memory; 8 GB/s lies between.
+DEFAULT_LINK_BYTES_PER_SECOND = 8e9
 
 
 def profile_nodes(graph: Graph, placed: Sequence[str], backends: Mapping[str, Backend],
@@ -77,6 +81,91 @@ def crossing_bytes(graph: Graph) -> list[int]:
         running += delta[j]
         cross.append(running)
     return cross
+
+
+def link_bandwidth(src: str, dst: str, links: Mapping[tuple[str, str], float]) -> float:
+    """Bytes per second copying from device ``src`` to ``dst`` (one device: no copy, infinite);
+    two accelerators go through the host."""
+    if src == dst:
+        return math.inf
+    if HOST not in (src, dst):
+        return 1.0 / (1.0 / link_bandwidth(src, HOST, links) + 1.0 / link_bandwidth(HOST, dst, links))
+    return links.get((src, dst), DEFAULT_LINK_BYTES_PER_SECOND)
+
+
+def device_links(backends: Sequence[Backend]) -> dict[tuple[str, str], float]:
+    """The copy bandwidths the backends measured for their devices."""
+    links: dict[tuple[str, str], float] = {}
+    for backend in backends:
+        links.update(backend.link_bytes_per_second())
+    return links
+
+
+def device_cut_seconds(graph: Graph, devices: Sequence[str],
+                       links: Mapping[tuple[str, str], float] | None = None) -> list[float]:
+    """``cut[j]``: the copies a pipeline cut just before node j adds, in seconds, with node i's
+    values living on ``devices[i]`` (``Backend.value_device``; graph inputs and outputs on the
+    host) and ``links`` the bandwidth per (source, destination) device (``link_bandwidth``).
+
+    Stages hand values to each other on the host, while inside a stage a value stays on its
+    device and is copied once to each other device that reads it (those copies are part of the
+    stage's measured time, cut or no cut). So a value made on device s before the cut and read
+    after it on devices D costs, with the cut, s -> host plus host -> d for every accelerator d
+    in D; without it, s -> d for each d in D it is not yet on; the cut adds the difference.
+    A cut inside a run of GPU nodes pays two copies of what crosses it, a cut where the values
+    go to the CPU anyway pays nothing more, and on a plan all on the host every cut is free.
+    A value crossing several cuts is costed at each as if it were the first (it is on the host
+    after the first: an overestimate, only where it was made on an accelerator)."""
+    links = links or {}
+    n = len(graph.nodes)
+    if all(device == HOST for device in devices):
+        return [0.0] * n
+    index = {id(node): i for i, node in enumerate(graph.nodes)}
+    outputs = set(graph.output_names)
+    delta = [0.0] * (n + 1)  # cut[j] = sum of delta[:j + 1]: each value's cost is constant between its reads
+    for value in graph.values.values():
+        if value.const is not None or (value.producer is None and value.name not in graph.input_names):
+            continue
+        size = _nbytes(value)
+        if not size:
+            continue
+        born = index[id(value.producer)] + 1 if value.producer is not None else 0
+        source = devices[born - 1] if value.producer is not None else HOST
+        reads = sorted({(index[id(node)], devices[index[id(node)]]) for node, _ in value.uses if id(node) in index})
+        if value.name in outputs:
+            reads.append((n, HOST))
+        first_read: dict[str, int] = {}  # device -> where the value is first read on it
+        for position, device in reads:
+            first_read.setdefault(device, position)
+        start = born
+        for position in sorted({position for position, _ in reads}):
+            end = min(position, n - 1)  # cuts start..end all see the reads at or after ``position``
+            if end >= start:
+                after = {device for at, device in reads if at >= position}
+                with_cut = (0.0 if source == HOST else size / link_bandwidth(source, HOST, links)) + sum(
+                    size / link_bandwidth(HOST, d, links) for d in after if d != HOST)
+                without = sum(size / link_bandwidth(source, d, links) for d in after if first_read[d] >= position)
+                added = max(0.0, with_cut - without)
+                delta[start] += added
+                delta[end + 1] -= added
+            start = max(start, position + 1)
+    cut, running = [], 0.0
+    for j in range(n):
+        running += delta[j]
+        cut.append(running)
+    return cut
+
+
+def cut_seconds(graph: Graph, node_backends: Sequence[Backend],
+                network_bytes_per_second: float | None = None) -> list[float]:
+    """What a cut before each node costs the stage after it: a hand-off between threads, the
+    device copies it adds (``device_cut_seconds``, the backends' measured links), and with
+    ``network_bytes_per_second`` (stages on other machines) every byte crossing it."""
+    devices = [backend.value_device() for backend in node_backends]
+    moved = device_cut_seconds(graph, devices, device_links(list({id(b): b for b in node_backends}.values())))
+    network = crossing_bytes(graph) if network_bytes_per_second else [0] * len(graph.nodes)
+    return [HANDOFF_SECONDS + copies + (size / network_bytes_per_second if network_bytes_per_second else 0.0)
+            for copies, size in zip(moved, network)]
 
 
 def _nbytes(value) -> int:
