@@ -1,7 +1,8 @@
 """``backend="auto"``: time the candidate placements on this device, keep the fastest, cache it.
 
 Candidates: each installed engine on its own (with numpy for what it cannot run), all of them
-in the default priority order when several are installed, and numpy alone. Each candidate is
+in the default priority order when several are installed, and numpy alone; where torch sees
+a GPU, torch on it alone and beside a CPU engine (``auto_gpu``). Each candidate is
 partitioned and compiled, then timed on feeds of one shape signature (the model's own shapes
 when they are static, else the caller's ``example_feeds`` or the first real request of that
 signature: never guessed dims) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
@@ -35,6 +36,7 @@ from edgeinfer.backend import installed_backends
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.model import Model
+from edgeinfer.runtime.auto_gpu import accelerator, accelerator_candidates
 from edgeinfer.timing import time_engines
 
 log = logging.getLogger("edgeinfer.scheduler.auto")
@@ -83,7 +85,8 @@ def cache_key(model: Model, *, threads: int | None, device: str, fallback: bool,
     facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads,
              "device": device, "fallback": fallback,
              "options": repr(sorted((k, sorted(dict(v).items())) for k, v in options.items())),
-             "versions": _versions(), "machine": platform.machine(), "cpus": os.cpu_count()}
+             "versions": _versions(), "machine": platform.machine(), "cpus": os.cpu_count(),
+             "accelerator": accelerator()}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -114,7 +117,8 @@ def _cached_choice(entry: Any, installed: list[str]) -> list[str] | None:
     if not isinstance(entry, dict):
         return None
     names = entry.get("backends")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n in installed for n in names):
+    if not isinstance(names, list) or not names or \
+            not all(isinstance(n, str) and n.partition("@")[0] in installed for n in names):  # "torch@cuda:0"
         return None
     return names
 
@@ -133,7 +137,8 @@ def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | No
         hit = _cached_choice(_read_cache(path).get(key), installed)
         if hit is not None:
             return AutoChoice(hit, cached=True, key=key)
-    choice = measure(model, candidates(installed), feeds, threads=threads, device=device, fallback=fallback,
+    lists = candidates(installed) + accelerator_candidates(installed, device, options)
+    choice = measure(model, lists, feeds, threads=threads, device=device, fallback=fallback,
                      options=options)
     choice.key = key
     if path is not None:
@@ -178,9 +183,10 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
         runner = None
         try:
             backends = make_backends(names, device=device, fallback=fallback,
-                                     options={k: v for k, v in options.items() if k in names})
+                                     options={k: v for k, v in options.items() if k in {n.partition("@")[0] for n in names}})
             plan = make_plan(model.graph, backends)
-            placement = tuple((part.backend, tuple(part.nodes)) for part in plan.parts)
+            on = {b.name: b.device for b in backends}  # torch on the CPU and on the GPU differ
+            placement = tuple((part.backend, on[part.backend], tuple(part.nodes)) for part in plan.parts)
             if placement in placements:
                 skipped[label] = f"places every node as {placements[placement]!r} does"
                 continue
