@@ -597,7 +597,7 @@ def _check_backend_names(contenders: list) -> None:
     known = available_backends()
     for contender in contenders:
         for name in [contender] if isinstance(contender, str) else contender:
-            if name != "auto" and name not in known:
+            if name != "auto" and name.partition("@")[0] not in known:  # torch@cuda:0: torch on that device
                 raise BackendError(f"unknown backend {name!r}: expected one of {', '.join(known)} or auto")
 
 

@@ -168,7 +168,7 @@ def placement_line(session, asked: str | list[str]) -> str | None:
     """``placement: tflite 0 nodes, numpy 41`` when the nodes did not all go where they were asked
     (a backend that could not run some, numpy taking them), or when auto chose; else None."""
     counts = session.plan.node_counts()
-    names = [asked] if isinstance(asked, str) else list(asked)
+    names = [name.partition("@")[0] for name in ([asked] if isinstance(asked, str) else asked)]  # torch@cuda:0
     if asked != "auto" and set(counts) <= set(names):
         return None
     shown = [name for name in names if name != "auto"] + [name for name in counts if name not in names]

@@ -146,3 +146,24 @@ def test_a_cached_choice_on_the_accelerator_is_reused(model, feeds, monkeypatch,
     assert not third.auto_choice.cached
     for session in (first, second, third):
         session.close()
+
+
+def test_the_cli_takes_a_backend_on_a_device_of_its_own(tmp_path, torch_refuses_softmax):
+    import onnx
+    from click.testing import CliRunner
+
+    from edgeinfer.cli import main
+
+    path = tmp_path / "m.onnx"
+    onnx.save(parse_model(TEXT), path)
+    result = CliRunner().invoke(main, ["run", str(path), "--random-inputs", "--backend", "torch@cpu+onnxruntime"])
+    assert result.exit_code == 0, result.output
+    assert "placement:" not in result.output  # every node went where it was asked: torch or onnxruntime
+    shown = CliRunner().invoke(main, ["inspect", str(path), "--plan", "--backend", "torch@cpu+onnxruntime"])
+    assert shown.exit_code == 0, shown.output
+    # Softmax, refused by torch, goes to onnxruntime
+    assert "(Softmax) -> onnxruntime (torch: no torch lowering for Softmax" in shown.output, shown.output
+    assert "part 0: torch" in shown.output and "part 1: onnxruntime" in shown.output, shown.output
+    missing = CliRunner().invoke(main, ["run", str(path), "--random-inputs", "--backend", "torch@cuda:0"])
+    assert missing.exit_code != 0 and "device 'cuda:0' is not available" in missing.output
+    assert "Traceback" not in missing.output
