@@ -71,6 +71,11 @@ class Executable(ABC):
         """A value ``run_resident`` returned, as a numpy array on the host."""
         return value
 
+    def from_host(self, value: np.ndarray) -> Any:
+        """A host array as a value ``run_resident`` takes without copying it again (on the
+        device), so that several parts read one copy of it."""
+        return value
+
     def stats(self) -> dict[str, Any]:
         """Backend-specific facts about the last run (peak memory, fallback ops, timings)."""
         return {}

@@ -283,6 +283,13 @@ class TorchExecutable(Executable):
     def to_host(self, value: torch.Tensor) -> np.ndarray:
         return to_numpy(value)
 
+    def from_host(self, value: np.ndarray) -> torch.Tensor:
+        """``value`` on the device in its own dtype (each reader applies its precision)."""
+        tensor = to_torch(value)
+        if self.device.type == "cuda":
+            return self._pinned(("from_host", tuple(tensor.shape), tensor.dtype), tensor)
+        return tensor if self.device.type == "cpu" else tensor.to(self.device)
+
     def stats(self) -> dict[str, Any]:
         placements = collections.Counter(self.placements.values())
         return {"device": str(self.device), "precision": self.precision, "cuda_graphs": self._cuda_graphs,

@@ -126,6 +126,10 @@ class CompiledPart:
         self.proven = True
         return results
 
+    def from_host(self, value: Any) -> Any:
+        """A host array as a value of this part's family on its device (``Executable.from_host``)."""
+        return self.first.from_host(value)
+
     def to_host(self, value: Any) -> np.ndarray:
         """One of this part's device-resident values (or a host array) as a numpy array."""
         if self.resident is None or isinstance(value, (np.ndarray, np.generic)):
@@ -179,7 +183,10 @@ class PlanRunner:
     Values of parts whose executables are ``resident`` (torch) stay on their device while the
     parts reading them are of the same family; a value that a part of another family (numpy,
     onnxruntime) or the caller reads is copied to the host once, right after the part that
-    made it ran (``host_copies``), whoever reads it after."""
+    made it ran (``host_copies``), whoever reads it after. A host value (a graph input, a host
+    part's output) that several parts of one resident backend read is copied to that device
+    once, by the first of them to run (``Executable.from_host``; pinned memory on CUDA), and
+    the others read that copy."""
 
     def __init__(self, graph: Graph, parts: Sequence[CompiledPart]):
         self.graph = graph
@@ -198,6 +205,8 @@ class PlanRunner:
         self._both: set[str] = set()  # values kept on the device and on the host
         self._feed_keys: list[list[tuple[str, Any]]] = [[(n, n) for n in part.inputs] for part in self.parts]
         self._output_keys = {name: name for name in self.output_names}
+        self._extra_keys: dict[str, list[Any]] = {}  # value -> the keys of its other copies in a request
+        self._device_copies: list[list[tuple[str, Any]]] = [[] for _ in self.parts]  # (value, key) per part
         if not self.resident:
             return
         readers: dict[str, set[str | None]] = {name: {None} for name in self.output_names}  # None: the host
@@ -218,12 +227,36 @@ class PlanRunner:
             keys[:] = [(n, host_key(n) if n in self._both and producer_family[n] != family else n)
                        for n in part.inputs]
         self._output_keys = {n: host_key(n) if n in self._both else n for n in self.output_names}
+        for name in self._both:
+            self._extra_keys[name] = [host_key(name)]
+        self._share_device_copies(families, producer_family)
+
+    def _share_device_copies(self, families: list[str | None], producer_family: dict[str, str | None]) -> None:
+        """Host values read by several parts of one resident backend: one device copy for all."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        for index, (part, family) in enumerate(zip(self.parts, families)):
+            if family is None:
+                continue
+            for name in part.inputs:
+                if producer_family.get(name) is None:
+                    groups.setdefault((name, part.part.backend), []).append(index)
+        for (name, backend), readers in groups.items():
+            if len(readers) < 2:
+                continue
+            key = ("device", backend, name)
+            self._extra_keys.setdefault(name, []).append(key)
+            for index in readers:
+                self._device_copies[index].append((name, key))
+                self._feed_keys[index] = [(n, key if n == name else k) for n, k in self._feed_keys[index]]
 
     def _run_part(self, index: int, env: dict[Any, Any]) -> dict[Any, Any]:
         """Run part ``index`` on its inputs in ``env``; the values to add to ``env``."""
         part = self.parts[index]
         if not self.resident:
             return part.run(env)
+        for name, key in self._device_copies[index]:
+            if key not in env:  # the first reader to run copies it (two DAG branches at once: both may)
+                env[key] = part.from_host(env[name])
         results = part.call({name: env[key] for name, key in self._feed_keys[index]}, resident=part.resident is not None)
         for name in self.host_copies[index]:
             host = part.to_host(results[name])
@@ -280,7 +313,8 @@ class SequentialExecutor(PlanRunner):
             env.update(self._run_part(index, env))
             for name in free:
                 env.pop(name, None)
-                env.pop(host_key(name), None)
+                for key in self._extra_keys.get(name, ()):
+                    env.pop(key, None)
         return self._results(env)
 
 
@@ -415,7 +449,8 @@ class DagExecutor(PlanRunner):
                         if left == 1:
                             del run.readers[name]
                             run.env.pop(name, None)
-                            run.env.pop(host_key(name), None)
+                            for key in self._extra_keys.get(name, ()):
+                                run.env.pop(key, None)
                         else:
                             run.readers[name] = left - 1
                 run.remaining -= 1

@@ -21,8 +21,8 @@ from edgeinfer.backends.torch import TorchExecutable  # noqa: E402  (needs torch
 
 DEVICE = os.environ.get("EDGEINFER_TORCH_DEVICE", "cpu")
 
-# a -> (numpy part) b, then a and b meet again on torch: torch, numpy, torch parts, and ``a``
-# is read by both a torch part and the numpy part
+# a -> (numpy part) b, then a, b and the input x meet again on torch: torch, numpy, torch
+# parts; ``a`` is read by both a torch part and the numpy part, ``x`` by both torch parts
 TEXT = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[2, 8] x) => (float[2, 8] y, float[2, 8] b) {
@@ -30,7 +30,8 @@ g (float[2, 8] x) => (float[2, 8] y, float[2, 8] b) {
   h = Mul(a, a)
   b = Neg(a)
   s = Add(h, b)
-  y = Sigmoid(s)
+  t = Add(s, x)
+  y = Sigmoid(t)
 }
 """
 NEG = 2  # node index of Neg: pinned to numpy
@@ -43,7 +44,9 @@ class Recorder:
         self.feeds: list[dict] = []
         self.outputs: list[dict] = []
         self.host_copies = 0
+        self.device_copies: list = []
         run_resident, to_host = TorchExecutable.run_resident, TorchExecutable.to_host
+        from_host = TorchExecutable.from_host
 
         def recording_run(executable, feeds):
             self.feeds.append(dict(feeds))
@@ -55,7 +58,13 @@ class Recorder:
             self.host_copies += 1
             return to_host(executable, value)
 
+        def counting_from_host(executable, value):
+            copy = from_host(executable, value)
+            self.device_copies.append(copy)
+            return copy
+
         monkeypatch.setattr(TorchExecutable, "run_resident", recording_run)
+        monkeypatch.setattr(TorchExecutable, "from_host", counting_from_host)
         monkeypatch.setattr(TorchExecutable, "to_host", counting_to_host)
 
 
@@ -77,10 +86,13 @@ def test_torch_parts_hand_tensors_to_each_other_and_copy_to_the_host_once(model,
     finally:
         runner.close()
     first, second = recorder.outputs[0], recorder.feeds[1]
-    assert set(second) == {"a", "b"}
+    assert set(second) == {"a", "b", "x"}
     # the second torch part gets the first one's tensor itself; the numpy part's value as numpy
     assert second["a"] is first["a"] and isinstance(second["a"], torch.Tensor)
     assert isinstance(second["b"], np.ndarray)
+    # the input both torch parts read is copied to the device once, and both read that copy
+    assert len(recorder.device_copies) == 1
+    assert recorder.feeds[0]["x"] is recorder.device_copies[0] is second["x"]
     # one copy of ``a`` for the numpy part, one of ``y`` for the caller (``b`` is numpy's own)
     assert recorder.host_copies == 2
     assert all(isinstance(value, np.ndarray) for value in got.values())
@@ -127,4 +139,4 @@ def test_a_failed_first_run_keeps_host_feeds_for_the_probes(model, monkeypatch):
         _, kept = runner.parts[2].failure
     finally:
         runner.close()
-    assert set(kept) == {"a", "b"} and all(isinstance(v, np.ndarray) for v in kept.values())
+    assert set(kept) == {"a", "b", "x"} and all(isinstance(v, np.ndarray) for v in kept.values())
