@@ -119,6 +119,7 @@ class RayPipeline:
                  transfer_bytes_per_second: float | None = TRANSFER_BYTES_PER_SECOND, max_restarts: int = 3,
                  ray_init: Mapping[str, Any] | None = None):
         from edgeinfer.runtime.pipeline import plan_stages
+        from edgeinfer.scheduler import backend_priority, spec_options
 
         ray = import_ray()
         self.ray = ray
@@ -139,13 +140,15 @@ class RayPipeline:
             self._check_capacity(resources)
             remote = ray.remote(StageWorker)
             settings = compiled.settings
+            chosen = compiled.auto_choice.backends if compiled.auto_choice is not None else settings.backend
+            engine_options = spec_options(backend_priority(chosen), settings.options)  # torch@cuda:0: its device
             for number, (stage, count, options) in enumerate(zip(self.plan.stages, self.plan.replicas, resources)):
                 eim = _stage_bytes(stage.graph)
                 placement = stage.backends
                 actor_options = {**options, "max_restarts": max_restarts, "max_task_retries": 1}
                 self.actors.append([
                     remote.options(**actor_options).remote(
-                        eim, placement, settings.options, settings.device, settings.fallback,
+                        eim, placement, engine_options, settings.device, settings.fallback,
                         self.plan.threads_per_worker, sorted(stage.keep))
                     for _ in range(count)])
                 log.info("stage %d: %d actor(s) with %s", number, count, options)

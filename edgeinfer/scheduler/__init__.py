@@ -81,6 +81,17 @@ def backend_priority(backend: BackendSpec | Sequence[BackendSpec]) -> list[Backe
     return specs if REFERENCE in names else [*specs, REFERENCE]
 
 
+def spec_options(specs: Sequence[BackendSpec], options: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``options`` with each ``name@device`` spec's device as that backend's ``device`` option:
+    what travels to where backends are made by name alone (Ray's stage actors)."""
+    merged = {name: dict(found) for name, found in options.items()}
+    for spec in specs:
+        if isinstance(spec, str) and "@" in spec:
+            name = _spec_name(spec)
+            merged[name] = {**merged.get(name, {}), "device": spec_device(spec, "cpu", merged.get(name, {}))}
+    return merged
+
+
 def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback: bool = False,
                   options: Mapping[str, Mapping[str, Any]] | None = None) -> list[Backend]:
     """Instantiate backends by name (objects are used as they are). ``options`` maps a backend
@@ -187,4 +198,5 @@ __all__ = [
     "compile_parts",
     "make_backends",
     "make_plan",
+    "spec_options",
 ]

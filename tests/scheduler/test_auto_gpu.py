@@ -167,3 +167,30 @@ def test_the_cli_takes_a_backend_on_a_device_of_its_own(tmp_path, torch_refuses_
     missing = CliRunner().invoke(main, ["run", str(path), "--random-inputs", "--backend", "torch@cuda:0"])
     assert missing.exit_code != 0 and "device 'cuda:0' is not available" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_a_spec_device_travels_as_the_backends_device_option():
+    from edgeinfer.scheduler import spec_options
+
+    options = {"torch": {"precision": "fp16"}, "onnxruntime": {}}
+    assert spec_options(["torch@cuda:0", "onnxruntime", "numpy"], options) == {
+        "torch": {"precision": "fp16", "device": "cuda:0"}, "onnxruntime": {}}
+    assert options["torch"] == {"precision": "fp16"}  # the caller's options are left as they were
+
+
+def test_ray_stage_actors_make_each_backend_on_its_own_device(model, feeds, torch_refuses_softmax):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        # the session's device is one this machine lacks, with no fallback: only the specs' own
+        # devices reaching the actors let them make their backends
+        with ei.Session(model, backend=["torch@cpu", "onnxruntime@cpu"], device="gpu",
+                        executor="ray", stages=1, replicas=1, stage_resources={"num_cpus": 0.5}) as session:
+            got = session.run(feeds)
+            backends = ray.get(session.ray_pipeline.actors[0][0].__ray_call__.remote(
+                lambda worker: {p.backend.name: p.backend.device for p in worker.runner.parts}))
+    finally:
+        ray.shutdown()
+    assert backends["torch"] == "cpu"  # from "torch@cpu", not the session's device
+    reference = ei.Session(model, backend="numpy").run(feeds)
+    assert_close(got["probs"], reference["probs"])
