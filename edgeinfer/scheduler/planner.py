@@ -3,7 +3,9 @@ into K stages that minimises the slowest stage, and replicas for a bottleneck st
 
 Nodes are taken in the graph's topological order; a stage is a contiguous run of them. With
 ``cost[i]`` the time of node i (measured on its backend, one thread) and ``cross[j]`` the cost
-of handing the values live across a cut before node j to the next stage, the split solves
+of handing the values live across a cut before node j to the next stage (``cut_seconds``: a
+thread hand-off, the host <-> device copies the cut adds, bytes over the network for Ray
+stages), the split solves
 
     best[k][j] = min over i < j of max(best[k-1][i], sum(cost[i:j]) + cross[i])
 
