@@ -278,6 +278,23 @@ def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: i
     return StagePlan(stages, [count], [0.0], 1, graph.output_names, kind="default")
 
 
+def replica_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
+    """Replicas of the whole graph, one single-threaded copy per worker (as two 1-thread
+    onnxruntime sessions would), each run once on ``feeds`` so that its first request is not
+    slow: what a stream switches to as soon as the copies are compiled, before the planner."""
+    graph = compiled.graph
+    count = _workers(compiled, workers)
+    stages = _build_stages(compiled, [(0, len(graph.nodes))], threads=1)
+    try:
+        stages[0].replicate(count)
+        for replica in range(count):
+            stages[0].run(dict(feeds), replica)
+    except BaseException:
+        _close_stages(stages)
+        raise
+    return StagePlan(stages, [count], [0.0], 1, graph.output_names, kind="default")
+
+
 def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int | str | None = "auto",
                 replicas: int | Sequence[int] | str | None = "auto", measure: bool = True,
                 transfer_bytes_per_second: float | None = None, workers: int | None = None,
@@ -517,6 +534,12 @@ class Pipeline:
         self.max_depth_seen = 0  # most requests inside the pipeline at once
         self.switched_at: int | None = None  # the first request served on the switched-to plan
 
+    @property
+    def plans(self) -> list[StagePlan]:
+        """The stage plans this pipeline has served on so far, in order (one lane each)."""
+        with self._lock:
+            return [lane.plan for lane in self._lanes]
+
     def switch(self, plan: StagePlan) -> None:
         """Serve the requests admitted from now on with ``plan`` (called from any thread)."""
         with self._lock:
@@ -693,8 +716,18 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
         register(pipeline)
         if pending is not None:
             def plan_then_switch() -> None:
-                pipeline._stop.wait(PLAN_DELAY_S)  # a short stream is served alone; a long one switches later
+                started = time.monotonic()
                 cancelled = closed if closed is not None else (lambda: False)
+                if compiled.runner is not None and _workers(compiled, None) > 1 and not pipeline._stop.is_set():
+                    # one worker on all threads serves from the first request; one 1-thread copy
+                    # per core serves better on most engines (and on a loaded machine): compile
+                    # them beside the stream and switch as soon as they are warm
+                    try:
+                        pipeline.switch(compiled.stage_plan(("replicas", str(signature)),
+                                                            lambda: replica_plan(compiled, sample)))
+                    except Exception as exc:  # noqa: BLE001 - the stream goes on with the default plan
+                        log.warning("stream replicas failed (%s); serving on the compiled plan", exc)
+                pipeline._stop.wait(max(0.0, PLAN_DELAY_S - (time.monotonic() - started)))
                 try:
                     measured = compiled.stage_plan(pending, lambda: plan_stages(
                         compiled, sample, stages=stages, replicas=replicas, budget=plan_budget,

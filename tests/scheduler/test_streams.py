@@ -80,37 +80,33 @@ def test_a_timeout_detaches_the_stuck_worker_and_close_joins_it(mlp):
 
 
 def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(mlp):
-    """Planning never stalls a stream: the first results come from replicas of the whole graph
-    while the planner measures beside them; later requests run on the measured plan."""
+    """Planning never stalls a stream: the first results come from the compiled plan's own
+    runner while the planner measures beside it; later requests run on the measured plan."""
     requests = frames(400)
     reference = ei.Session(mlp)
     expected = [reference.run(r)["probs"] for r in requests[:8]]
-    lanes_seen: list[list[str]] = []
+    served: list[list] = []
     with ei.Session(mlp, backend="onnxruntime", threads=2) as session:
         measured_key = ("auto", "auto", "N=1")
 
         def source():
             for index, request in enumerate(requests):
-                if index == 8:  # wait until the planner is done, then look for the new lane's workers
+                if index == 8:  # wait until the planner is done
                     deadline = time.monotonic() + 120
                     while measured_key not in session.stage_plans and time.monotonic() < deadline:
                         time.sleep(0.01)
-                if index > 8 and not lanes_seen:
-                    lanes = [n for n in edgeinfer_threads() if "-lane1" in n]
-                    if lanes:
-                        lanes_seen.append(lanes)
                 yield request
+            served.extend(p.plans for p in list(session._streams))
 
         outs = list(session.stream(source()))
         default = session.stage_plans[("default", "N=1")]
-        # the compiled plan's own runner, nothing compiled for it; closing the stage plan leaves it open
         assert default.kind == "default" and len(default.stages) == 1 and default.replicas == [1]
-        assert default.stages[0].runner.run(requests[0])["probs"] is not None
-        assert session.stage_plans[measured_key].kind == "measured"
+        measured = session.stage_plans[measured_key]
+        assert measured.kind == "measured"
+        assert served and served[0][0] is default and served[0][-1] is measured, served
     assert len(outs) == 400
     for index, out in enumerate(outs[:8]):
         assert_close(out["probs"], expected[index], name=f"request {index}")
-    assert lanes_seen, "the stream never switched to the measured plan"
     assert not edgeinfer_threads()
 
 
@@ -121,18 +117,45 @@ def test_plan_first_plans_before_serving(mlp):
         assert list(session.stage_plans) == [("auto", "auto", "N=1")]
 
 
-def test_a_stream_starts_without_compiling_anything(mlp):
-    """The default plan borrows the compiled plan's own runner: the first results come before any
-    engine copy is compiled (a compile costs tens of ms, more than a short stream lasts)."""
-    engine = FaultyBackend("counting")
-    requests = frames(6)
+class _GatedCompiles(FaultyBackend):
+    """Once armed, every compile waits for ``gate`` (at most ``WAIT_S``: a deadlock breaker)."""
+
+    def __init__(self):
+        super().__init__("gated")
+        self.gate = threading.Event()
+        self.armed = False
+        self.waited_out = 0
+
+    def compile(self, graph, options):
+        if self.armed and not self.gate.wait(WAIT_S):
+            self.waited_out += 1
+        return super().compile(graph, options)
+
+
+def test_a_stream_serves_its_first_result_before_any_compile_and_then_switches_to_replicas(mlp):
+    """The default plan borrows the compiled plan's own runner, so the first result needs no
+    compile (one costs tens of ms, more than a short stream lasts); one 1-thread copy per core
+    is compiled beside the stream, and later requests run on those replicas."""
+    engine = _GatedCompiles()
+    requests = frames(300)
     reference = ei.Session(mlp)
     with ei.Session(mlp, backend=[engine, "numpy"], threads=2) as session:
         session.run(requests[0])
-        compiled_before = engine.compiles
-        seen = []
+        engine.armed = True
+        lanes_seen = []
+        outs = []
         for index, out in enumerate(session.stream(requests)):
-            seen.append(engine.compiles)
-            assert_close(out["probs"], reference.run(requests[index])["probs"], name=f"request {index}")
-        assert seen[0] == compiled_before
+            outs.append(out)
+            if index == 0:
+                engine.gate.set()  # the first result came while every compile was held
+            if not lanes_seen and any("-lane1" in n for n in edgeinfer_threads()):
+                lanes_seen.append(index)
+        assert engine.waited_out == 0, "the first result waited for a compile"
+        default = session.stage_plans[("default", "N=1")]
+        assert default.kind == "default" and default.replicas == [1]
+        replicas = session.stage_plans[("replicas", "N=1")]
+        assert replicas.replicas == [2] and replicas.threads_per_worker == 1
+    for index, out in enumerate(outs[:8]):
+        assert_close(out["probs"], reference.run(requests[index])["probs"], name=f"request {index}")
+    assert lanes_seen, "the stream never switched to the replicas"
     assert not edgeinfer_threads()
