@@ -8,7 +8,9 @@ step in a fresh process each, with wall time and peak resident memory (ru_maxrss
 Steps: ``make`` (the model, written in chunks), ``ort`` (onnxruntime loads the original and runs
 once: the reference), ``convert`` (``ei.convert`` + ``Model.save`` to .eim), ``load`` (``ei.load``
 of the .eim), ``run-numpy`` and ``run-onnxruntime`` (load + first run, compared with the
-reference), ``int4`` (weight-only int4 block 32 + save; file size against fp32; relative error of
+reference; the onnxruntime step also says how many MiB of weights reached onnxruntime by file
+reference into the .eim and how many in memory), ``run-onnxruntime-prepack`` (the same with
+``prepack=True``; not run by default), ``int4`` (weight-only int4 block 32 + save; file size against fp32; relative error of
 the matrix products against fp32 on random data), ``latency`` (onnxruntime fp32 vs int4 at batch
 1, interleaved in one process).
 """
@@ -111,17 +113,21 @@ def step_load(folder: Path, k: int, n: int) -> dict:
             "peak_before_load_mib": before, "nodes": len(model.graph.nodes)}
 
 
-def _run(folder: Path, k: int, backend: str, name: str = "big.eim") -> dict:
+def _run(folder: Path, k: int, backend: str, name: str = "big.eim", **engine) -> dict:
     import edgeinfer as ei
 
     start = time.perf_counter()
-    with ei.Session(ei.load(folder / name), backend=backend, threads=2) as session:
+    with ei.Session(ei.load(folder / name), backend=backend, threads=2, **engine) as session:
         compiled = time.perf_counter() - start
         y = session.run(_feeds(k))["y"]
+        weights = session.stats().get("weights")  # onnxruntime: how the weights got there
     reference = np.load(folder / "reference.npy")
     error = float(np.abs(y - reference).max() / max(np.abs(reference).max(), 1e-30))
-    return {"compile_s": compiled, "first_run_s": time.perf_counter() - start,
-            "max_error_relative_to_max": error, "within_1e-4": error <= 1e-4}
+    out = {"compile_s": compiled, "first_run_s": time.perf_counter() - start,
+           "max_error_relative_to_max": error, "within_1e-4": error <= 1e-4}
+    if weights:
+        out["weights_by"] = {route: weights[route]["bytes"] / 2**20 for route in ("file", "memory", "protobuf")}
+    return out
 
 
 def step_run_numpy(folder: Path, k: int, n: int) -> dict:
@@ -130,6 +136,10 @@ def step_run_numpy(folder: Path, k: int, n: int) -> dict:
 
 def step_run_onnxruntime(folder: Path, k: int, n: int) -> dict:
     return _run(folder, k, "onnxruntime")
+
+
+def step_run_onnxruntime_prepack(folder: Path, k: int, n: int) -> dict:
+    return _run(folder, k, "onnxruntime", prepack=True)
 
 
 def step_int4(folder: Path, k: int, n: int) -> dict:
@@ -172,8 +182,12 @@ def step_latency(folder: Path, k: int, n: int, runs: int = 10) -> dict:
 
 
 STEPS = {"make": step_make, "ort": step_ort, "convert": step_convert, "load": step_load,
-         "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime, "int4": step_int4,
+         "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime,
+         "run-onnxruntime-prepack": step_run_onnxruntime_prepack, "int4": step_int4,
          "latency": step_latency}
+
+
+EXTRA_STEPS = ("run-onnxruntime-prepack",)  # run with --only
 
 
 def main() -> None:
@@ -195,7 +209,7 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     results = []
     try:
-        for step in args.only or list(STEPS):
+        for step in args.only or [name for name in STEPS if name not in EXTRA_STEPS]:
             done = subprocess.run([sys.executable, __file__, "--step", step, "--dir", os.fspath(folder),
                                    "--k", str(args.k), "--n", str(args.n)], capture_output=True, text=True)
             if done.returncode != 0:
@@ -217,11 +231,14 @@ def main() -> None:
     if "load" in by:
         print(f"load: {by['load']['load_s']:.3f} s, {by['load']['rss_after_load_mib']:.0f} MiB resident "
               "(target < 0.5 s, < 512 MiB)")
-    for backend in ("numpy", "onnxruntime"):
+    for backend in ("numpy", "onnxruntime", "onnxruntime-prepack"):
         r = by.get(f"run-{backend}")
         if r and "ort" in by:
+            routes = r.get("weights_by")
+            via = (" (weights to onnxruntime: " + ", ".join(f"{v:.0f} MiB by {k}" for k, v in routes.items() if v)
+                   + ")") if routes else ""
             print(f"run {backend}: peak {r['peak_rss_mib']:.0f} MiB vs onnxruntime's own {by['ort']['peak_rss_mib']:.0f}"
-                  f" MiB; error {r['max_error_relative_to_max']:.2g} (target <= 1e-4)")
+                  f" MiB (target <=); error {r['max_error_relative_to_max']:.2g} (target <= 1e-4){via}")
     if "int4" in by:
         print(f"int4 block 32: file {by['int4']['file_ratio']:.3f}x fp32 (target <= 0.16); matmul relative error "
               f"{by['int4']['matmul_relative_error']:.3%} (target <= 2%)")

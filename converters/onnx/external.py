@@ -16,6 +16,7 @@ both into place only then.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -81,6 +82,7 @@ def load_external(model: onnx.ModelProto, path: Path) -> dict[str, np.ndarray]:
     the small ones into the protobuf."""
     folder = path.parent.resolve()
     mapped: dict[str, np.ndarray] = {}
+    maps: dict[Path, mmap.mmap] = {}  # one map per data file, shared by its tensors
     for tensor in list(external_tensors(model)):
         target, offset, length = locate(tensor, folder, path)
         dtype = _mappable_dtype(tensor)
@@ -91,10 +93,25 @@ def load_external(model: onnx.ModelProto, path: Path) -> dict[str, np.ndarray]:
                 raise ModelFormatError(f"{path}: tensor {tensor.name!r} of shape {list(shape)} and type "
                                        f"{dtype.name} needs {count * dtype.itemsize} bytes, its external data "
                                        f"has {length}")
-            array = np.memmap(target, dtype=dtype, mode="r", offset=offset, shape=shape or (1,))
-            mapped[tensor.name] = array.reshape(shape) if not shape else array
+            if target not in maps:
+                maps[target] = map_data_file(target, path)
+            mapped[tensor.name] = np.frombuffer(maps[target], dtype=dtype, count=count, offset=offset).reshape(shape)
             continue
         read_into_proto(tensor, target, offset, length)
+    return mapped
+
+
+def map_data_file(target: Path, model_path: Path) -> mmap.mmap:
+    """``target`` mapped read-only and registered (``edgeinfer.ir.mapped``), so that a backend
+    can point its engine at the file instead of copying the weights."""
+    from edgeinfer.ir.mapped import register_mapped_file
+
+    try:
+        with open(target, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            register_mapped_file(mapped, target, os.fstat(handle.fileno()))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{model_path}: cannot memory-map external data file {target.name!r}: {exc}") from None
     return mapped
 
 

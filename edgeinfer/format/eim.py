@@ -31,7 +31,9 @@ elements live in the JSON (a ``{"t": "bytes"}`` tag marks a non-UTF-8 element).
 
 Loading maps the file read-only and checks every header field, the checksum, the document
 schema and every tensor's dtype, size, alignment and bounds before creating anything; numeric
-tensors become read-only numpy views into the map (no copy), which keep the map alive. The
+tensors become read-only numpy views into the map (no copy), which keep the map alive; the map
+is registered with the file's real path (``edgeinfer.ir.mapped``), so that the onnxruntime
+backend can have onnxruntime map the weights from the file itself rather than copy them. The
 tensor bytes carry no checksum (reading them all would defeat the mapping): they can hold any
 value of their dtype, and the graph that uses them is checked by ``Graph.verify``.
 
@@ -66,6 +68,7 @@ from edgeinfer.format.document import (
     metadata_to_document,
 )
 from edgeinfer.ir import dtypes
+from edgeinfer.ir.mapped import register_mapped_file
 from edgeinfer.model import Model
 
 MAGIC = b"EIM\x00"
@@ -260,9 +263,11 @@ def map_file(source: str) -> mmap.mmap:
             raise ModelFormatError(f"{source}: the file is empty (expected an .eim model, at least "
                                    f"{HEADER_SIZE} bytes)")
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise ModelFormatError(f"{source}: cannot memory-map the file: {exc}") from None
+        register_mapped_file(mapped, source, info)  # backends may point their engine at the file
+        return mapped
     finally:
         os.close(fd)
 
