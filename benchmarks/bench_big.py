@@ -12,7 +12,10 @@ reference; the onnxruntime step also says how many MiB of weights reached onnxru
 reference into the .eim and how many in memory), ``run-onnxruntime-prepack`` (the same with
 ``prepack=True``; not run by default), ``int4`` (weight-only int4 block 32 + save; file size against fp32; relative error of
 the matrix products against fp32 on random data), ``latency`` (onnxruntime fp32 vs int4 at batch
-1, interleaved in one process).
+1, interleaved in one process), ``int4-error`` (needs no files: int4 error of matrix products on
+random Gaussian and uniform weights for blocks 32/64/128, with and without zero points, round to
+nearest and with a per-block clip search, next to the rate-distortion floor at that many bits
+per weight; ``--only int4-error`` runs it alone).
 """
 
 from __future__ import annotations
@@ -181,10 +184,79 @@ def step_latency(folder: Path, k: int, n: int, runs: int = 10) -> dict:
     return {"fp32_ms": medians["fp32"], "int4_ms": medians["int4"], "int4_speedup": medians["fp32"] / medians["int4"]}
 
 
+# -- int4 error on random data against the rate-distortion floor ----------------------------
+CLIP_GRID = np.linspace(0.5, 1.0, 26)  # fractions of the block's range tried by the clip search
+
+
+def _rtn(w: np.ndarray, block: int, zero_points: bool) -> np.ndarray:
+    """[K, N] -> the [K, N] weight edgeinfer's int4 quantizer (round to nearest) gives back."""
+    from edgeinfer.ir.contrib_ops import dequantize_rows
+    from edgeinfer.quantize.weight_only import quantize_blocks
+
+    b, scales, zps = quantize_blocks(w, bits=4, block_size=block, zero_points=zero_points)
+    return dequantize_rows(b, scales, zps, k=w.shape[0], bits=4, block_size=block, rows=slice(None)).T
+
+
+def _clip_search(w: np.ndarray, block: int, zero_points: bool) -> np.ndarray:
+    """Round to nearest with each block's range shrunk by the factor in CLIP_GRID that
+    minimises the block's squared error (an MSE-optimal scale per block, by search)."""
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // block, block).astype(np.float32)
+    best = np.full(blocks.shape[:2], np.inf, np.float32)
+    out = np.zeros_like(blocks)
+    if zero_points:
+        low, high = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    else:
+        extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    for factor in CLIP_GRID:
+        if zero_points:
+            scale = np.maximum((high - low) * factor / 15, 1e-30)
+            zp = np.clip(np.rint(-low * factor / scale), 0, 15)
+        else:
+            scale = np.where(extreme == 0, 1e-30, extreme * factor / -8)
+            zp = np.full(scale.shape, 8.0, np.float32)
+        q = np.clip(np.rint(blocks / scale[..., None]) + zp[..., None], 0, 15)
+        deq = (q - zp[..., None]) * scale[..., None]
+        err = ((deq - blocks) ** 2).sum(-1)
+        better = err < best
+        best = np.where(better, err, best)
+        out[better] = deq[better]
+    return out.reshape(n, k).T
+
+
+def step_int4_error(folder: Path, k: int, n: int) -> dict:
+    """Relative (Frobenius) error of x @ W_int4 against x @ W on random W (Gaussian, uniform)
+    and random x, for blocks 32/64/128 with and without zero points, round to nearest (the
+    quantizer edgeinfer ships) and with a per-block clip search; next to the floor that rate
+    distortion theory puts under any code of that many bits per weight (R: 4 bits plus the
+    block's float32 scale and 4-bit zero point, as the .eim stores them): Gaussian D(R) =
+    sigma^2 2^(-2R), a relative RMS error of 2^(-R); for uniform weights the Shannon lower bound,
+    sqrt(12 / (2 pi e)) 2^(-R). A 2% error needs R >= 5.64 (Gaussian) or 5.39 (uniform)."""
+    rng = np.random.default_rng(3)
+    rows, cols = 4096, 512
+    x = rng.standard_normal((64, rows)).astype(np.float32)
+    sources = {"gaussian": rng.standard_normal((rows, cols)).astype(np.float32),
+               "uniform": rng.uniform(-1, 1, (rows, cols)).astype(np.float32)}
+    floor_factor = {"gaussian": 1.0, "uniform": float(np.sqrt(12 / (2 * np.pi * np.e)))}
+    table = []
+    for source, w in sources.items():
+        exact = x @ w
+        for block in (32, 64, 128):
+            for zero_points in (False, True):
+                rate = 4 + 32 / block + (4 / block if zero_points else 0)
+                row = {"weights": source, "block": block, "zero_points": zero_points, "bits_per_weight": rate,
+                       "floor": floor_factor[source] * 2.0 ** -rate}
+                for method, quantize in (("rtn", _rtn), ("clip_search", _clip_search)):
+                    deq = quantize(w, block, zero_points)
+                    row[method] = float(np.linalg.norm(x @ deq - exact) / np.linalg.norm(exact))
+                table.append(row)
+    return {"int4_error": table, "weights_shape": [rows, cols]}
+
+
 STEPS = {"make": step_make, "ort": step_ort, "convert": step_convert, "load": step_load,
          "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime,
          "run-onnxruntime-prepack": step_run_onnxruntime_prepack, "int4": step_int4,
-         "latency": step_latency}
+         "latency": step_latency, "int4-error": step_int4_error}
 
 
 EXTRA_STEPS = ("run-onnxruntime-prepack",)  # run with --only
@@ -242,6 +314,14 @@ def main() -> None:
     if "int4" in by:
         print(f"int4 block 32: file {by['int4']['file_ratio']:.3f}x fp32 (target <= 0.16); matmul relative error "
               f"{by['int4']['matmul_relative_error']:.3%} (target <= 2%)")
+    if "int4-error" in by:
+        print("int4 matrix products on random data, relative error vs fp32 (target 2%), and the floor for any "
+              "code of that many bits per weight:")
+        print(f"  {'weights':<9} {'block':>5} {'zero pts':>8} {'bits/w':>6} {'nearest':>8} {'clip search':>11} "
+              f"{'floor':>6}")
+        for r in by["int4-error"]["int4_error"]:
+            print(f"  {r['weights']:<9} {r['block']:>5} {'yes' if r['zero_points'] else 'no':>8} "
+                  f"{r['bits_per_weight']:>6.3f} {r['rtn']:>8.2%} {r['clip_search']:>11.2%} {r['floor']:>6.2%}")
     if "latency" in by:
         r = by["latency"]
         print(f"onnxruntime batch 1: fp32 {r['fp32_ms']:.1f} ms, int4 {r['int4_ms']:.1f} ms = {r['int4_speedup']:.2f}x "
