@@ -178,17 +178,26 @@ class OnnxRuntimeBackend(Backend):
             graph, rewritten = exact_weights(graph)
             log.debug("onnxruntime: int8 weights of %d node(s) of graph %r as uint8 (zero point + 128)",
                       len(rewritten), graph.name)
-        session, node_names, external, routes = self._session(graph, options, engine, files=True)
+        try:
+            session, node_names, external, routes = self._session(graph, options, engine, files=True)
+        except BackendError as exc:
+            if "xternal" not in str(exc):  # not about reading external data: the same without files
+                raise
+            log.warning("onnxruntime: %s; graph %r's weights are handed over in memory instead", exc, graph.name)
+            session, node_names, external, routes = self._session(graph, options, engine,
+                                                                  files="onnxruntime refused the file references")
         if routes.files and not all(span.unchanged() for span in routes.files):
             # the file was replaced while onnxruntime read it: its bytes may not be these weights
             log.warning("onnxruntime: %s changed while graph %r was compiled; its weights are handed over in "
                         "memory instead", routes.folder, graph.name)
             session = None
-            session, node_names, external, routes = self._session(graph, options, engine, files=False)
+            session, node_names, external, routes = self._session(graph, options, engine,
+                                                                  files="the file changed while compiling")
         return OnnxRuntimeExecutable(graph, session, node_names, external, integer_path, routes)
 
     def _session(self, graph: Graph, options: CompileOptions, engine: Mapping[str, Any],
-                 files: bool) -> tuple[Any, dict[str, Node], list[Any], WeightRoutes]:
+                 files: bool | str) -> tuple[Any, dict[str, Node], list[Any], WeightRoutes]:
+        """The session; ``files``: True to reference mapped files, else why not (a reason)."""
         model, node_names, routes = _export(graph, files)
         ort = _ort()
         session_options = _session_options(ort, options, engine)
@@ -245,15 +254,15 @@ class WeightRoutes:
         return out
 
 
-def _export(graph: Graph, files: bool = True) -> tuple[onnx.ModelProto, dict[str, Node], WeightRoutes]:
+def _export(graph: Graph, files: bool | str = True) -> tuple[onnx.ModelProto, dict[str, Node], WeightRoutes]:
     """The model to hand to onnxruntime, node name -> IR node, and how each initializer gets
-    there (see ``WeightRoutes``; ``files=False``: none by file reference)."""
+    there (see ``WeightRoutes``; ``files`` not True: none by file reference, and why not)."""
     model = graph_to_model(graph, include_initializers=False, value_info=False)
     node_names = name_exported_nodes(model, graph)
     routes = WeightRoutes()
     big = {name: array for name, array in graph.initializers.items()
            if array.dtype.kind in _SHAREABLE_KINDS and array.nbytes >= EXTERNAL_MIN_BYTES}
-    spans = {name: span for name, array in big.items() if files and (span := _raw_span(array)) is not None}
+    spans = {name: span for name, array in big.items() if files is True and (span := _raw_span(array)) is not None}
     routes.folder = _main_folder(spans.values())
     for name, array in graph.initializers.items():
         span = spans.get(name)
@@ -286,7 +295,18 @@ def _raw_span(array: np.ndarray) -> FileSpan | None:
     raw little-endian C-order elements of the initializer's own type."""
     if array.dtype.str[0] not in "<|":
         return None
-    return file_span(array)
+    span = file_span(array)
+    if span is None or not _utf8(span.path):  # onnxruntime's paths and protobuf strings are UTF-8
+        return None
+    return span
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a file name of undecodable bytes (surrogate escapes)
+        return False
+    return True
 
 
 def _main_folder(spans: Any) -> str | None:
@@ -298,13 +318,15 @@ def _main_folder(spans: Any) -> str | None:
     return max(by_folder, key=by_folder.get) if by_folder else None
 
 
-def _memory_reason(array: np.ndarray, span: FileSpan | None, files: bool) -> str:
-    if not files:
-        return "file references off"
+def _memory_reason(array: np.ndarray, span: FileSpan | None, files: bool | str) -> str:
+    if files is not True:
+        return str(files)
     if span is not None:
         return "mapped from a second folder"
     if array.dtype.str[0] not in "<|":
         return "big-endian array"
+    if file_span(array) is not None:
+        return "file path not UTF-8"
     if not array.flags.c_contiguous:
         return "strided view"
     return "not a view of a mapped file (computed or widened at load)"

@@ -162,3 +162,20 @@ def test_onnx_external_data_goes_by_file_reference(tmp_path, rng):
     assert weights["file"] == {"tensors": 1, "bytes": w.nbytes}
     assert weights["file_folder"] == str(tmp_path.resolve())
     assert_close(executable.run(feeds)["y"], _numpy_result(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_external_data_onnxruntime_refuses_goes_in_memory_and_says_so(tmp_path, rng, monkeypatch, caplog):
+    from edgeinfer.backends.onnxruntime import backend as ort_backend
+    from edgeinfer.ir.mapped import FileSpan
+
+    model = _two_layer(rng)
+    missing = str(tmp_path / "missing.eim")  # a reference onnxruntime cannot follow
+    monkeypatch.setattr(ort_backend, "file_span", lambda array: FileSpan(missing, 0, array.nbytes, (0, 0, 0, 0)))
+    feeds = _feeds(rng)
+    with caplog.at_level("WARNING", logger="edgeinfer.backends.onnxruntime"):
+        executable = get_backend("onnxruntime").compile(model.graph)
+    assert "handed over in memory instead" in caplog.text
+    weights = executable.stats()["weights"]
+    assert weights["file"]["tensors"] == 0 and weights["memory"]["tensors"] == 2
+    assert list(weights["memory_because"]) == ["onnxruntime refused the file references"]
+    assert_close(executable.run(feeds)["y"], _numpy_result(model, feeds), rtol=1e-4, atol=1e-4)
