@@ -8,9 +8,14 @@ step in a fresh process each, with wall time and peak resident memory (ru_maxrss
 Steps: ``make`` (the model, written in chunks), ``ort`` (onnxruntime loads the original and runs
 once: the reference), ``convert`` (``ei.convert`` + ``Model.save`` to .eim), ``load`` (``ei.load``
 of the .eim), ``run-numpy`` and ``run-onnxruntime`` (load + first run, compared with the
-reference), ``int4`` (weight-only int4 block 32 + save; file size against fp32; relative error of
+reference; the onnxruntime step also says how many MiB of weights reached onnxruntime by file
+reference into the .eim and how many in memory), ``run-onnxruntime-prepack`` (the same with
+``prepack=True``; not run by default), ``int4`` (weight-only int4 block 32 + save; file size against fp32; relative error of
 the matrix products against fp32 on random data), ``latency`` (onnxruntime fp32 vs int4 at batch
-1, interleaved in one process).
+1, interleaved in one process), ``int4-error`` (needs no files: int4 error of matrix products on
+random Gaussian and uniform weights for blocks 32/64/128, with and without zero points, round to
+nearest and with a per-block clip search, next to the rate-distortion floor at that many bits
+per weight; ``--only int4-error`` runs it alone).
 """
 
 from __future__ import annotations
@@ -101,27 +106,34 @@ def step_convert(folder: Path, k: int, n: int) -> dict:
 def step_load(folder: Path, k: int, n: int) -> dict:
     import edgeinfer as ei
 
+    start = time.perf_counter()
+    import edgeinfer.format.eim  # noqa: F401  what a load imports (onnx and ml_dtypes among them), timed apart
+    imports = time.perf_counter() - start
     before = _peak_mib()
     start = time.perf_counter()
     model = ei.load(folder / "big.eim")
     took = time.perf_counter() - start
     import psutil
 
-    return {"load_s": took, "rss_after_load_mib": psutil.Process().memory_info().rss / 2**20,
+    return {"load_s": took, "imports_s": imports, "rss_after_load_mib": psutil.Process().memory_info().rss / 2**20,
             "peak_before_load_mib": before, "nodes": len(model.graph.nodes)}
 
 
-def _run(folder: Path, k: int, backend: str, name: str = "big.eim") -> dict:
+def _run(folder: Path, k: int, backend: str, name: str = "big.eim", **engine) -> dict:
     import edgeinfer as ei
 
     start = time.perf_counter()
-    with ei.Session(ei.load(folder / name), backend=backend, threads=2) as session:
+    with ei.Session(ei.load(folder / name), backend=backend, threads=2, **engine) as session:
         compiled = time.perf_counter() - start
         y = session.run(_feeds(k))["y"]
+        weights = session.stats().get("weights")  # onnxruntime: how the weights got there
     reference = np.load(folder / "reference.npy")
     error = float(np.abs(y - reference).max() / max(np.abs(reference).max(), 1e-30))
-    return {"compile_s": compiled, "first_run_s": time.perf_counter() - start,
-            "max_error_relative_to_max": error, "within_1e-4": error <= 1e-4}
+    out = {"compile_s": compiled, "first_run_s": time.perf_counter() - start,
+           "max_error_relative_to_max": error, "within_1e-4": error <= 1e-4}
+    if weights:
+        out["weights_by"] = {route: weights[route]["bytes"] / 2**20 for route in ("file", "memory", "protobuf")}
+    return out
 
 
 def step_run_numpy(folder: Path, k: int, n: int) -> dict:
@@ -130,6 +142,10 @@ def step_run_numpy(folder: Path, k: int, n: int) -> dict:
 
 def step_run_onnxruntime(folder: Path, k: int, n: int) -> dict:
     return _run(folder, k, "onnxruntime")
+
+
+def step_run_onnxruntime_prepack(folder: Path, k: int, n: int) -> dict:
+    return _run(folder, k, "onnxruntime", prepack=True)
 
 
 def step_int4(folder: Path, k: int, n: int) -> dict:
@@ -171,9 +187,82 @@ def step_latency(folder: Path, k: int, n: int, runs: int = 10) -> dict:
     return {"fp32_ms": medians["fp32"], "int4_ms": medians["int4"], "int4_speedup": medians["fp32"] / medians["int4"]}
 
 
+# -- int4 error on random data against the rate-distortion floor ----------------------------
+CLIP_GRID = np.linspace(0.5, 1.0, 26)  # fractions of the block's range tried by the clip search
+
+
+def _rtn(w: np.ndarray, block: int, zero_points: bool) -> np.ndarray:
+    """[K, N] -> the [K, N] weight edgeinfer's int4 quantizer (round to nearest) gives back."""
+    from edgeinfer.ir.contrib_ops import dequantize_rows
+    from edgeinfer.quantize.weight_only import quantize_blocks
+
+    b, scales, zps = quantize_blocks(w, bits=4, block_size=block, zero_points=zero_points)
+    return dequantize_rows(b, scales, zps, k=w.shape[0], bits=4, block_size=block, rows=slice(None)).T
+
+
+def _clip_search(w: np.ndarray, block: int, zero_points: bool) -> np.ndarray:
+    """Round to nearest with each block's range shrunk by the factor in CLIP_GRID that
+    minimises the block's squared error (an MSE-optimal scale per block, by search)."""
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // block, block).astype(np.float32)
+    best = np.full(blocks.shape[:2], np.inf, np.float32)
+    out = np.zeros_like(blocks)
+    if zero_points:
+        low, high = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    else:
+        extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    for factor in CLIP_GRID:
+        if zero_points:
+            scale = np.maximum((high - low) * factor / 15, 1e-30)
+            zp = np.clip(np.rint(-low * factor / scale), 0, 15)
+        else:
+            scale = np.where(extreme == 0, 1e-30, extreme * factor / -8)
+            zp = np.full(scale.shape, 8.0, np.float32)
+        q = np.clip(np.rint(blocks / scale[..., None]) + zp[..., None], 0, 15)
+        deq = (q - zp[..., None]) * scale[..., None]
+        err = ((deq - blocks) ** 2).sum(-1)
+        better = err < best
+        best = np.where(better, err, best)
+        out[better] = deq[better]
+    return out.reshape(n, k).T
+
+
+def step_int4_error(folder: Path, k: int, n: int) -> dict:
+    """Relative (Frobenius) error of x @ W_int4 against x @ W on random W (Gaussian, uniform)
+    and random x, for blocks 32/64/128 with and without zero points, round to nearest (the
+    quantizer edgeinfer ships) and with a per-block clip search; next to the floor that rate
+    distortion theory puts under any code of that many bits per weight (R: 4 bits plus the
+    block's float32 scale and 4-bit zero point, as the .eim stores them): Gaussian D(R) =
+    sigma^2 2^(-2R), a relative RMS error of 2^(-R); for uniform weights the Shannon lower bound,
+    sqrt(12 / (2 pi e)) 2^(-R). A 2% error needs R >= 5.64 (Gaussian) or 5.39 (uniform)."""
+    rng = np.random.default_rng(3)
+    rows, cols = 4096, 512
+    x = rng.standard_normal((64, rows)).astype(np.float32)
+    sources = {"gaussian": rng.standard_normal((rows, cols)).astype(np.float32),
+               "uniform": rng.uniform(-1, 1, (rows, cols)).astype(np.float32)}
+    floor_factor = {"gaussian": 1.0, "uniform": float(np.sqrt(12 / (2 * np.pi * np.e)))}
+    table = []
+    for source, w in sources.items():
+        exact = x @ w
+        for block in (32, 64, 128):
+            for zero_points in (False, True):
+                rate = 4 + 32 / block + (4 / block if zero_points else 0)
+                row = {"weights": source, "block": block, "zero_points": zero_points, "bits_per_weight": rate,
+                       "floor": floor_factor[source] * 2.0 ** -rate}
+                for method, quantize in (("rtn", _rtn), ("clip_search", _clip_search)):
+                    deq = quantize(w, block, zero_points)
+                    row[method] = float(np.linalg.norm(x @ deq - exact) / np.linalg.norm(exact))
+                table.append(row)
+    return {"int4_error": table, "weights_shape": [rows, cols]}
+
+
 STEPS = {"make": step_make, "ort": step_ort, "convert": step_convert, "load": step_load,
-         "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime, "int4": step_int4,
-         "latency": step_latency}
+         "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime,
+         "run-onnxruntime-prepack": step_run_onnxruntime_prepack, "int4": step_int4,
+         "latency": step_latency, "int4-error": step_int4_error}
+
+
+EXTRA_STEPS = ("run-onnxruntime-prepack",)  # run with --only
 
 
 def main() -> None:
@@ -195,7 +284,7 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     results = []
     try:
-        for step in args.only or list(STEPS):
+        for step in args.only or [name for name in STEPS if name not in EXTRA_STEPS]:
             done = subprocess.run([sys.executable, __file__, "--step", step, "--dir", os.fspath(folder),
                                    "--k", str(args.k), "--n", str(args.n)], capture_output=True, text=True)
             if done.returncode != 0:
@@ -216,15 +305,26 @@ def main() -> None:
               f"onnxruntime's load {o['load_s']:.1f} s (target <= 2x)")
     if "load" in by:
         print(f"load: {by['load']['load_s']:.3f} s, {by['load']['rss_after_load_mib']:.0f} MiB resident "
-              "(target < 0.5 s, < 512 MiB)")
-    for backend in ("numpy", "onnxruntime"):
+              f"(target < 0.5 s, < 512 MiB); the first load's imports took {by['load']['imports_s']:.2f} s more")
+    for backend in ("numpy", "onnxruntime", "onnxruntime-prepack"):
         r = by.get(f"run-{backend}")
         if r and "ort" in by:
+            routes = r.get("weights_by")
+            via = (" (weights to onnxruntime: " + ", ".join(f"{v:.0f} MiB by {k}" for k, v in routes.items() if v)
+                   + ")") if routes else ""
             print(f"run {backend}: peak {r['peak_rss_mib']:.0f} MiB vs onnxruntime's own {by['ort']['peak_rss_mib']:.0f}"
-                  f" MiB; error {r['max_error_relative_to_max']:.2g} (target <= 1e-4)")
+                  f" MiB (target <=); error {r['max_error_relative_to_max']:.2g} (target <= 1e-4){via}")
     if "int4" in by:
         print(f"int4 block 32: file {by['int4']['file_ratio']:.3f}x fp32 (target <= 0.16); matmul relative error "
               f"{by['int4']['matmul_relative_error']:.3%} (target <= 2%)")
+    if "int4-error" in by:
+        print("int4 matrix products on random data, relative error vs fp32 (target 2%), and the floor for any "
+              "code of that many bits per weight:")
+        print(f"  {'weights':<9} {'block':>5} {'zero pts':>8} {'bits/w':>6} {'nearest':>8} {'clip search':>11} "
+              f"{'floor':>6}")
+        for r in by["int4-error"]["int4_error"]:
+            print(f"  {r['weights']:<9} {r['block']:>5} {'yes' if r['zero_points'] else 'no':>8} "
+                  f"{r['bits_per_weight']:>6.3f} {r['rtn']:>8.2%} {r['clip_search']:>11.2%} {r['floor']:>6.2%}")
     if "latency" in by:
         r = by["latency"]
         print(f"onnxruntime batch 1: fp32 {r['fp32_ms']:.1f} ms, int4 {r['int4_ms']:.1f} ms = {r['int4_speedup']:.2f}x "

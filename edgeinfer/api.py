@@ -13,6 +13,7 @@ from edgeinfer.errors import InputError, ModelFormatError, ModelValidationError,
 from edgeinfer.ir import Graph, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
+from edgeinfer.progress import Steps, steps
 
 # name -> module in edgeinfer.converters; each exposes accepts(source) and convert(source, **kw)
 # accepts() must be cheap and must not import the framework itself.
@@ -104,7 +105,7 @@ def _available(module_name: str) -> bool:
 
 def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | None = None,
             dynamic_batch: bool = False, pass_report: list | None = None, strict: bool = False,
-            **options: Any) -> Model:
+            progress: Steps | None = None, **options: Any) -> Model:
     """Convert a model (file path or in-memory object) into an edgeinfer ``Model``.
 
     ``options`` are front-end specific (e.g. ``weights=`` for Caffe, ``example_inputs=`` for
@@ -113,7 +114,9 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     re-declare the converted graph's input shapes. The graph is type-inferred, optimized at
     level ``optimize`` (``pass_report`` collects what each pass did) and verified. Weights
     holding NaN (or infinities in a weight op) give a ``NonFiniteWeightsWarning``, or with
-    ``strict`` a ``ModelValidationError``.
+    ``strict`` a ``ModelValidationError``. ``progress`` (``edgeinfer.progress.Steps``) is told
+    the steps as they go, with sizes: the read of external data (ONNX), each round of passes,
+    the weight check.
     """
     name = detect_frontend(source)
     frontend = _frontend(name)
@@ -127,6 +130,8 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     takes_shapes = "input_shapes" in parameters
     if takes_shapes:
         options.update(input_shapes=input_shapes, dynamic_batch=dynamic_batch)
+    if progress is not None and "progress" in parameters:
+        options["progress"] = progress
     graph = frontend.convert(source, **options)
     if not takes_shapes and (input_shapes or dynamic_batch):
         graph = redeclare_inputs(graph, input_shapes or {}, dynamic_batch)
@@ -134,11 +139,11 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     if optimize:
         from edgeinfer.passes import optimize as run_passes
 
-        graph = run_passes(graph, level=optimize, report=pass_report)
+        graph = run_passes(graph, level=optimize, report=pass_report, progress=progress)
         if any(v.shape is None or None in v.shape for v in graph.outputs):
             graph = infer_types(graph)  # folding may have made shape subgraphs constant
     graph.verify()
-    check_weights(graph, strict=strict, where=_describe(source))
+    check_weights(graph, strict=strict, where=_describe(source), progress=progress)
     metadata = {"source_format": name}
     if "source_route" in graph.metadata:  # how the front end got there, where it has several ways
         metadata["source_route"] = graph.metadata["source_route"]
@@ -151,11 +156,12 @@ def _describe(source: Any) -> str:
     return os.fspath(source) if isinstance(source, (str, os.PathLike)) else f"<{type(source).__name__}>"
 
 
-def check_weights(graph: Graph, *, strict: bool = False, where: str = "model") -> None:
+def check_weights(graph: Graph, *, strict: bool = False, where: str = "model", progress: Steps | None = None) -> None:
     """Warn about (or, ``strict``, refuse) weights that hold NaN or infinities."""
-    from edgeinfer.ir.verify import NonFiniteWeightsWarning, nonfinite_weights
+    from edgeinfer.ir.verify import NonFiniteWeightsWarning, checked_weight_bytes, nonfinite_weights
 
-    names = nonfinite_weights(graph)
+    with steps(progress).step("check weights (NaN, infinity)", checked_weight_bytes(graph)) as step:
+        names = nonfinite_weights(graph, step.advance)
     if not names:
         return
     listed = ", ".join(map(repr, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

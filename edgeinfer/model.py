@@ -66,11 +66,12 @@ class Model:
                 feeds[info.name] = rng.integers(0, 10, shape).astype(dtype)
         return feeds
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write this model as one ``.eim`` file (atomically)."""
+    def save(self, path: str | os.PathLike, *, progress: Any = None) -> None:
+        """Write this model as one ``.eim`` file (atomically), streaming the weights;
+        ``progress`` (``edgeinfer.progress.Steps``) gets the write step in bytes."""
         from edgeinfer.format import save_model
 
-        save_model(self, path)
+        save_model(self, path, progress=progress)
 
     def summary(self) -> dict[str, Any]:
         return self.graph.summary()

@@ -2,10 +2,20 @@
 
 Compile lowers ``edgeinfer``-domain ops that have a lowering (see ``lowerings.py``), exports
 the graph with ``graph_to_model`` and builds the session from the serialized bytes. Large
-initializers are not serialized: the model carries an external-data placeholder for each,
-and the numpy array itself is handed to onnxruntime (``add_external_initializers``), which
-uses the buffer in place. That avoids a copy of the weights (an ``.eim`` file's weights are
-memory-mapped) and protobuf's 2 GiB limit.
+initializers are not serialized (protobuf's 2 GiB limit), and reach onnxruntime one of two ways:
+
+- ``file``: a weight that is a plain view into a memory-mapped file (an ``.eim`` file's weights,
+  ``edgeinfer.ir.mapped``) and whose bytes there are exactly the initializer's (raw,
+  little-endian, C order) becomes an external-data reference to that file (its base name,
+  offset, length), and the session is told the file's folder
+  (``session.model_external_initializers_file_folder_path``). onnxruntime maps the file itself
+  and computes on the mapping: no copy, whatever the alignment (it maps from the page below).
+  Only that one file, which edgeinfer has already opened, is read. If the file is no longer the
+  one that was mapped (saved over), the weight goes the second way.
+- ``memory``: any other numeric array (a pass's result, a widened float16-stored weight) is
+  handed over as an ``OrtValue`` (``add_external_initializers``). onnxruntime copies those.
+
+``Executable.stats()["weights"]`` says how many tensors and bytes went each way.
 
 ``InferenceSession.run`` may be called from several threads at once, so the executable is
 thread safe.
@@ -14,8 +24,10 @@ thread safe.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +36,7 @@ import onnx
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
+from edgeinfer.ir.mapped import FileSpan, file_span
 from edgeinfer.ir.onnx_io import (
     array_to_tensor,
     external_placeholder,
@@ -56,14 +69,17 @@ OPTIMIZATION_LEVELS = {
 }
 ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "session_config", "log_severity",
                   "prepack")
-# onnxruntime prepacks MatMul/Conv weights into copies of its own and, since edgeinfer hands
-# the weights over in memory (external initializers, possibly mapped from a .eim), cannot free
-# the originals: resident memory doubles. prepack="auto" (the default) turns prepacking off for
-# a part holding this many bytes of weights: at batch 1 such models are matrix-vector products,
-# which onnxruntime runs at the same speed unpacked (bench_big.py; at batch 8 a 256 MiB MatMul
-# took 2.8x longer unpacked, so pass prepack=True to trade memory for that).
+# onnxruntime prepacks MatMul/Conv weights into copies of its own. Weights handed over in memory
+# cannot be freed then (resident memory doubles); weights it maps from a file by reference it
+# unmaps once packed, but the packed copies are anonymous memory and the peak is the weights plus
+# the packing (bench_big.py, 3 GiB: 4.1 GiB with prepacking, as onnxruntime alone on the .onnx,
+# 3.1 GiB without). prepack="auto" (the default) turns prepacking off for a part holding this
+# many bytes of weights: at batch 1 such models are matrix-vector products, which onnxruntime
+# runs at the same speed unpacked (at batch 8 a 256 MiB MatMul took 2.8x longer unpacked, so
+# pass prepack=True to trade memory for that).
 PREPACK_AUTO_LIMIT = 1 << 30
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
+FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
 log = logging.getLogger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
 _CONTRIB_OPS = {("com.microsoft", "MatMulNBits")}  # onnxruntime's own ops that edgeinfer writes
@@ -90,12 +106,13 @@ class OnnxRuntimeExecutable(Executable):
     thread_safe = True  # InferenceSession.run is documented as safe to call concurrently
 
     def __init__(self, graph: Graph, session: Any, node_names: Mapping[str, Node],
-                 external: Sequence[Any], integer_path: str | None = None):
+                 external: Sequence[Any], integer_path: str | None = None, weights: WeightRoutes | None = None):
         super().__init__(graph)
         self.session = session
         self._node_names = dict(node_names)
         self._external = list(external)  # keep the buffers onnxruntime reads in place alive
         self.integer_path = integer_path  # how its int8 products are computed here (see int8.py)
+        self.weights = weights or WeightRoutes()
 
     @property
     def session_options(self) -> Any:
@@ -121,7 +138,7 @@ class OnnxRuntimeExecutable(Executable):
         return {"providers": self.session.get_providers(),
                 "intra_op_num_threads": options.intra_op_num_threads,
                 "graph_optimization_level": str(options.graph_optimization_level).rsplit(".", 1)[-1],
-                "integer_path": self.integer_path}
+                "integer_path": self.integer_path, "weights": self.weights.summary()}
 
 
 class OnnxRuntimeBackend(Backend):
@@ -161,16 +178,41 @@ class OnnxRuntimeBackend(Backend):
             graph, rewritten = exact_weights(graph)
             log.debug("onnxruntime: int8 weights of %d node(s) of graph %r as uint8 (zero point + 128)",
                       len(rewritten), graph.name)
-        model, node_names, names, values = _export(graph)
+        try:
+            session, node_names, external, routes = self._session(graph, options, engine, files=True)
+        except BackendError as exc:
+            if "xternal" not in str(exc):  # not about reading external data: the same without files
+                raise
+            log.warning("onnxruntime: %s; graph %r's weights are handed over in memory instead", exc, graph.name)
+            session, node_names, external, routes = self._session(graph, options, engine,
+                                                                  files="onnxruntime refused the file references")
+        if routes.files and not all(span.unchanged() for span in routes.files):
+            # the file was replaced while onnxruntime read it: its bytes may not be these weights
+            log.warning("onnxruntime: %s changed while graph %r was compiled; its weights are handed over in "
+                        "memory instead", routes.folder, graph.name)
+            session = None
+            session, node_names, external, routes = self._session(graph, options, engine,
+                                                                  files="the file changed while compiling")
+        return OnnxRuntimeExecutable(graph, session, node_names, external, integer_path, routes)
+
+    def _session(self, graph: Graph, options: CompileOptions, engine: Mapping[str, Any],
+                 files: bool | str) -> tuple[Any, dict[str, Node], list[Any], WeightRoutes]:
+        """The session; ``files``: True to reference mapped files, else why not (a reason)."""
+        model, node_names, routes = _export(graph, files)
         ort = _ort()
         session_options = _session_options(ort, options, engine)
-        if not _prepacks(engine.get("prepack", "auto"), sum(a.nbytes for a in values)):
+        handed = routes.bytes("file") + routes.bytes("memory")
+        if not _prepacks(engine.get("prepack", "auto"), handed):
             session_options.add_session_config_entry("session.disable_prepacking", "1")
-            log.info("onnxruntime: prepacking off for graph %r (%.1f GiB of weights handed over in memory)",
-                     graph.name, sum(a.nbytes for a in values) / 2**30)
-        external = [ort.OrtValue.ortvalue_from_numpy(array) for array in values]
-        if names:
-            session_options.add_external_initializers(names, external)
+            log.info("onnxruntime: prepacking off for graph %r (%.1f GiB of weights)", graph.name, handed / 2**30)
+        if routes.folder is not None:
+            session_options.add_session_config_entry(FOLDER_CONFIG, routes.folder)
+        external = [ort.OrtValue.ortvalue_from_numpy(array) for array in routes.arrays]
+        if routes.names:
+            session_options.add_external_initializers(routes.names, external)
+        if routes.bytes("memory") >= PREPACK_AUTO_LIMIT:
+            log.info("onnxruntime: %.1f GiB of graph %r's weights are handed over in memory (onnxruntime copies "
+                     "them): %s", routes.bytes("memory") / 2**30, graph.name, routes.why_memory())
         providers, provider_options = _providers(ort, engine)
         try:
             session = ort.InferenceSession(model.SerializeToString(), session_options,
@@ -178,29 +220,116 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:
             raise BackendError(f"onnxruntime could not compile graph {graph.name!r}"
                                f"{_where(exc, node_names)}: {_first_line(exc)}") from exc
-        return OnnxRuntimeExecutable(graph, session, node_names, [*values, *external], integer_path)
+        return session, node_names, [*routes.arrays, *external], routes
 
 
-def _export(graph: Graph) -> tuple[onnx.ModelProto, dict[str, Node], list[str], list[np.ndarray]]:
-    """The model to hand to onnxruntime, node name -> IR node, and the external initializers
-    (names and C-contiguous arrays) that onnxruntime will read in place."""
+@dataclass
+class WeightRoutes:
+    """How a graph's initializers reach onnxruntime: ``file`` (external-data references into
+    the memory-mapped file they are views of, read by onnxruntime from ``folder``), ``memory``
+    (OrtValues over ``arrays``, named ``names``) or ``protobuf`` (serialized in the model)."""
+
+    folder: str | None = None
+    files: list[FileSpan] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    counts: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in ("file", "memory", "protobuf")})
+    reasons: dict[str, int] = field(default_factory=dict)  # why big weights went to memory -> bytes
+
+    def add(self, route: str, nbytes: int) -> None:
+        self.counts[route][0] += 1
+        self.counts[route][1] += int(nbytes)
+
+    def bytes(self, route: str) -> int:
+        return self.counts[route][1]
+
+    def why_memory(self) -> str:
+        return "; ".join(f"{reason} ({nbytes / 2**20:.0f} MiB)" for reason, nbytes in self.reasons.items())
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {route: {"tensors": n, "bytes": b} for route, (n, b) in self.counts.items()}
+        out["file_folder"] = self.folder
+        if self.reasons:
+            out["memory_because"] = dict(self.reasons)
+        return out
+
+
+def _export(graph: Graph, files: bool | str = True) -> tuple[onnx.ModelProto, dict[str, Node], WeightRoutes]:
+    """The model to hand to onnxruntime, node name -> IR node, and how each initializer gets
+    there (see ``WeightRoutes``; ``files`` not True: none by file reference, and why not)."""
     model = graph_to_model(graph, include_initializers=False, value_info=False)
     node_names = name_exported_nodes(model, graph)
-    names: list[str] = []
-    values: list[np.ndarray] = []
+    routes = WeightRoutes()
+    big = {name: array for name, array in graph.initializers.items()
+           if array.dtype.kind in _SHAREABLE_KINDS and array.nbytes >= EXTERNAL_MIN_BYTES}
+    spans = {name: span for name, array in big.items() if files is True and (span := _raw_span(array)) is not None}
+    routes.folder = _main_folder(spans.values())
     for name, array in graph.initializers.items():
-        if array.dtype.kind in _SHAREABLE_KINDS and array.nbytes >= EXTERNAL_MIN_BYTES:
+        span = spans.get(name)
+        if span is not None and os.path.dirname(span.path) == routes.folder:
+            model.graph.initializer.append(external_placeholder(
+                name, array, {"location": os.path.basename(span.path), "offset": str(span.offset),
+                              "length": str(span.nbytes)}))
+            routes.files.append(span)
+            routes.add("file", span.nbytes)
+        elif name in big:
             model.graph.initializer.append(_external_placeholder(name, array))
-            names.append(name)
-            values.append(np.ascontiguousarray(array))
+            routes.names.append(name)
+            routes.arrays.append(np.ascontiguousarray(array))
+            routes.add("memory", array.nbytes)
+            reason = _memory_reason(array, span, files)
+            routes.reasons[reason] = routes.reasons.get(reason, 0) + int(array.nbytes)
         else:
             model.graph.initializer.append(array_to_tensor(array, name))
-    return model, node_names, names, values
+            routes.add("protobuf", array.nbytes)
+    return model, node_names, routes
 
 
 def _external_placeholder(name: str, array: np.ndarray) -> onnx.TensorProto:
     # never read: the array itself is supplied at session build (add_external_initializers)
     return external_placeholder(name, array, {"location": "edgeinfer-in-memory"})
+
+
+def _raw_span(array: np.ndarray) -> FileSpan | None:
+    """Where in a mapped file ``array``'s bytes are, if they are what onnxruntime reads there:
+    raw little-endian C-order elements of the initializer's own type."""
+    if array.dtype.str[0] not in "<|":
+        return None
+    span = file_span(array)
+    if span is None or not _utf8(span.path):  # onnxruntime's paths and protobuf strings are UTF-8
+        return None
+    return span
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a file name of undecodable bytes (surrogate escapes)
+        return False
+    return True
+
+
+def _main_folder(spans: Any) -> str | None:
+    """The folder holding the most bytes of mapped weights (onnxruntime reads from one)."""
+    by_folder: dict[str, int] = {}
+    for span in spans:
+        folder = os.path.dirname(span.path)
+        by_folder[folder] = by_folder.get(folder, 0) + span.nbytes
+    return max(by_folder, key=by_folder.get) if by_folder else None
+
+
+def _memory_reason(array: np.ndarray, span: FileSpan | None, files: bool | str) -> str:
+    if files is not True:
+        return str(files)
+    if span is not None:
+        return "mapped from a second folder"
+    if array.dtype.str[0] not in "<|":
+        return "big-endian array"
+    if file_span(array) is not None:
+        return "file path not UTF-8"
+    if not array.flags.c_contiguous:
+        return "strided view"
+    return "not a view of a mapped file (computed or widened at load)"
 
 
 def device_providers(available: Sequence[str], device: str, fallback: bool = False) -> list[Any]:

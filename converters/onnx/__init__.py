@@ -41,6 +41,7 @@ from edgeinfer.converters.onnx.lenient import OnnxLeniencyWarning, check_lenient
 from edgeinfer.errors import ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph
 from edgeinfer.ir.onnx_io import graph_from_model, opset_of
+from edgeinfer.progress import Steps
 
 __all__ = ["OnnxLeniencyWarning", "accepts", "convert", "export", "import_model", "read_model"]
 
@@ -62,8 +63,10 @@ def accepts(source: Any) -> bool:
     return isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in SUFFIXES
 
 
-def convert(source: onnx.ModelProto | str | os.PathLike, *, upgrade: bool = True) -> Graph:
-    """Import an ONNX model (path or ``ModelProto``) into a ``Graph``."""
+def convert(source: onnx.ModelProto | str | os.PathLike, *, upgrade: bool = True,
+            progress: Steps | None = None) -> Graph:
+    """Import an ONNX model (path or ``ModelProto``) into a ``Graph`` (``progress``: the read
+    step of a file's external data, in bytes)."""
     if isinstance(source, onnx.ModelProto):
         model, where = source, "<ModelProto>"
         if _has_external_data(model):
@@ -72,7 +75,7 @@ def convert(source: onnx.ModelProto | str | os.PathLike, *, upgrade: bool = True
         return import_model(model, where, upgrade=upgrade)
     path = Path(source)
     model = _parse(path)
-    mapped = load_external(model, path)  # large tensors mapped, small ones read into the protobuf
+    mapped = load_external(model, path, progress)  # large tensors mapped, small ones read into the protobuf
     return import_model(weightless(model, mapped), os.fspath(source), upgrade=upgrade, external=mapped)
 
 

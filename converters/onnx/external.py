@@ -16,6 +16,7 @@ both into place only then.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,7 @@ import numpy as np
 import onnx
 
 from edgeinfer.errors import ModelFormatError, ModelValidationError
+from edgeinfer.progress import Steps, steps
 
 MAP_MIN_BYTES = 1 << 20       # external tensors this big are mapped, not read into the protobuf
 EXTERNAL_MIN_BYTES = 1 << 10  # when writing with external data, tensors this big go to the data file
@@ -75,26 +77,51 @@ def _mappable_dtype(tensor: onnx.TensorProto) -> np.dtype | None:
     return dtype.newbyteorder("<")
 
 
-def load_external(model: onnx.ModelProto, path: Path) -> dict[str, np.ndarray]:
+def load_external(model: onnx.ModelProto, path: Path, progress: Steps | None = None) -> dict[str, np.ndarray]:
     """Check every external tensor of ``model`` (loaded from ``path``); map the large ones
     (returned by name, and removed from the protobuf's initializers by ``weightless``) and read
-    the small ones into the protobuf."""
+    the small ones into the protobuf. ``progress`` gets one step, in bytes of external data."""
     folder = path.parent.resolve()
     mapped: dict[str, np.ndarray] = {}
-    for tensor in list(external_tensors(model)):
-        target, offset, length = locate(tensor, folder, path)
-        dtype = _mappable_dtype(tensor)
-        shape = tuple(int(d) for d in tensor.dims)
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if dtype is not None and length >= MAP_MIN_BYTES:
-            if count * dtype.itemsize != length:
-                raise ModelFormatError(f"{path}: tensor {tensor.name!r} of shape {list(shape)} and type "
-                                       f"{dtype.name} needs {count * dtype.itemsize} bytes, its external data "
-                                       f"has {length}")
-            array = np.memmap(target, dtype=dtype, mode="r", offset=offset, shape=shape or (1,))
-            mapped[tensor.name] = array.reshape(shape) if not shape else array
-            continue
+    maps: dict[Path, mmap.mmap] = {}  # one map per data file, shared by its tensors
+    located = [(tensor, *locate(tensor, folder, path)) for tensor in list(external_tensors(model))]
+    total = sum(length for *_, length in located)
+    with steps(progress).step(f"read {path.name} (external data)", total) as step:
+        for tensor, target, offset, length in located:
+            _load_one(tensor, target, offset, length, path, maps, mapped)
+            step.advance(length)
+    return mapped
+
+
+def _load_one(tensor: onnx.TensorProto, target: Path, offset: int, length: int, path: Path,
+              maps: dict[Path, mmap.mmap], mapped: dict[str, np.ndarray]) -> None:
+    """Map one external tensor into ``mapped`` (sharing ``maps``) or read it into the protobuf."""
+    dtype = _mappable_dtype(tensor)
+    shape = tuple(int(d) for d in tensor.dims)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if dtype is None or length < MAP_MIN_BYTES:
         read_into_proto(tensor, target, offset, length)
+        return
+    if count * dtype.itemsize != length:
+        raise ModelFormatError(f"{path}: tensor {tensor.name!r} of shape {list(shape)} and type "
+                               f"{dtype.name} needs {count * dtype.itemsize} bytes, its external data "
+                               f"has {length}")
+    if target not in maps:
+        maps[target] = map_data_file(target, path)
+    mapped[tensor.name] = np.frombuffer(maps[target], dtype=dtype, count=count, offset=offset).reshape(shape)
+
+
+def map_data_file(target: Path, model_path: Path) -> mmap.mmap:
+    """``target`` mapped read-only and registered (``edgeinfer.ir.mapped``), so that a backend
+    can point its engine at the file instead of copying the weights."""
+    from edgeinfer.ir.mapped import register_mapped_file
+
+    try:
+        with open(target, "rb") as handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            register_mapped_file(mapped, target, os.fstat(handle.fileno()))
+    except (OSError, ValueError) as exc:
+        raise ModelFormatError(f"{model_path}: cannot memory-map external data file {target.name!r}: {exc}") from None
     return mapped
 
 

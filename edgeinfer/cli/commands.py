@@ -109,7 +109,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
     """
     import edgeinfer as ei
-    from edgeinfer.cli.progress import progress_bar, shows_progress
+    from edgeinfer.cli.progress import step_reporter
 
     options: dict[str, Any] = {}
     if weights is not None:
@@ -128,9 +128,9 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     quiet_onnxruntime()
     started = time.perf_counter()
     passes: list = []
-    with progress_bar(f"converting {source.name}", None, enabled=shows_progress(quiet)):
+    with step_reporter(f"converting {source.name}", quiet=quiet) as steps:
         model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, strict=strict,
-                           **options)
+                           progress=steps, **options)
     model = apply_quantization(model, quantization, quiet=quiet)  # calibration draws its own progress bar
     seconds = time.perf_counter() - started
     if report:
@@ -139,8 +139,8 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
         feeds = _load_feeds(model, inputs, True, 1, shape_specs)
         _verify(source, model, options, feeds, backend=parse_backend(backend), quantized=quantization is not None,
                 tolerance=tolerance, repro_dir=repro_dir, quiet=quiet, given=bool(inputs))
-    with progress_bar(f"writing {output.name}", None, enabled=shows_progress(quiet)):
-        model.save(output)
+    with step_reporter(f"writing {output.name}", quiet=quiet) as steps:
+        model.save(output, progress=steps)
     summary = model.summary()
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): {summary['nodes']} nodes, "
                f"{summary['parameters']:,} parameters, converted in {seconds:.2f} s")

@@ -31,7 +31,9 @@ elements live in the JSON (a ``{"t": "bytes"}`` tag marks a non-UTF-8 element).
 
 Loading maps the file read-only and checks every header field, the checksum, the document
 schema and every tensor's dtype, size, alignment and bounds before creating anything; numeric
-tensors become read-only numpy views into the map (no copy), which keep the map alive. The
+tensors become read-only numpy views into the map (no copy), which keep the map alive; the map
+is registered with the file's real path (``edgeinfer.ir.mapped``), so that the onnxruntime
+backend can have onnxruntime map the weights from the file itself rather than copy them. The
 tensor bytes carry no checksum (reading them all would defeat the mapping): they can hold any
 value of their dtype, and the graph that uses them is checked by ``Graph.verify``.
 
@@ -66,7 +68,9 @@ from edgeinfer.format.document import (
     metadata_to_document,
 )
 from edgeinfer.ir import dtypes
+from edgeinfer.ir.mapped import register_mapped_file
 from edgeinfer.model import Model
+from edgeinfer.progress import Step, Steps, steps
 
 MAGIC = b"EIM\x00"
 FORMAT_VERSION = (2, 0)
@@ -81,6 +85,7 @@ HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = limits.MAX_DOCUMENT_BYTES
 MAX_RANK = limits.MAX_RANK
 _TOP_FIELDS = ("format", "version", "metadata", "tensors", "graph")
+WRITE_BLOCK_BYTES = 64 << 20  # a progress step, and the most copied at once for a strided tensor
 
 
 def align(offset: int, alignment: int = ALIGNMENT) -> int:
@@ -105,8 +110,10 @@ class Header:
 
 
 # -- saving --------------------------------------------------------------------------------------
-def save_model(model: Model, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` atomically: a failure leaves any existing file untouched."""
+def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = None) -> None:
+    """Write ``model`` to ``path`` atomically: a failure leaves any existing file untouched.
+    Tensors are written a block of rows at a time (``WRITE_BLOCK_BYTES``): a strided weight is
+    never copied whole. ``progress`` gets one step, in bytes of the file."""
     if not isinstance(model, Model):
         raise ModelFormatError(f"cannot save {type(model).__name__} to {os.fspath(path)}: expected an "
                                "edgeinfer Model")
@@ -129,21 +136,28 @@ def save_model(model: Model, path: str | os.PathLike) -> None:
     header = HEADER.pack(MAGIC, *FORMAT_VERSION, FLAG_COMPRESSED_DOCUMENT, 0, len(text), data_offset,
                          data_length, hashlib.sha256(text).digest())
 
-    def write(handle: BinaryIO) -> None:
+    def write(handle: BinaryIO, step: Step) -> None:
         handle.write(header)
         handle.write(text)
         handle.write(bytes(data_offset - HEADER_SIZE - len(text)))
+        step.advance(data_offset)
         position = 0
         for offset, array in numeric:
             handle.write(bytes(offset - position))
-            position = offset + _write_tensor(handle, array)
+            written = 0
+            for block in _row_blocks(array):
+                count = _write_tensor(handle, block)
+                written += count
+                step.advance(count)
+            position = offset + written
             if position != offset + array.nbytes:
                 raise ModelFormatError(f"cannot save {os.fspath(path)}: a tensor of {array.nbytes} bytes "
                                        f"wrote {position - offset}")
         handle.write(bytes(data_length - position))
 
     try:
-        atomic_write(path, write)
+        with steps(progress).step(f"write {os.path.basename(os.fspath(path))}", data_offset + data_length) as step:
+            atomic_write(path, lambda handle: write(handle, step))
     except OSError as exc:
         raise ModelFormatError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
 
@@ -205,6 +219,17 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _row_blocks(array: np.ndarray) -> list[np.ndarray]:
+    """``array`` as consecutive pieces of about ``WRITE_BLOCK_BYTES`` at most, in C order."""
+    limit = WRITE_BLOCK_BYTES
+    if array.nbytes <= limit or array.ndim == 0:
+        return [array]
+    if array.flags.c_contiguous:
+        array = array.reshape(-1)
+    rows = max(1, limit // max(array.nbytes // array.shape[0], 1))
+    return [array[start:start + rows] for start in range(0, array.shape[0], rows)]
+
+
 def _write_tensor(handle: BinaryIO, array: np.ndarray) -> int:
     """Write one tensor's bytes (C order, little-endian); returns the byte count."""
     if array.size == 0:
@@ -260,9 +285,11 @@ def map_file(source: str) -> mmap.mmap:
             raise ModelFormatError(f"{source}: the file is empty (expected an .eim model, at least "
                                    f"{HEADER_SIZE} bytes)")
         try:
-            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise ModelFormatError(f"{source}: cannot memory-map the file: {exc}") from None
+        register_mapped_file(mapped, source, info)  # backends may point their engine at the file
+        return mapped
     finally:
         os.close(fd)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from edgeinfer.errors import ModelValidationError
@@ -144,23 +146,43 @@ WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "BatchNormali
 _CHECK_CHUNK = 1 << 22  # elements tested at once: a big weight never gets a whole-size temporary
 
 
-def _any_in_chunks(array: np.ndarray, test) -> bool:
+def _any_in_chunks(array: np.ndarray, test, advance: Callable[[int], None]) -> bool:
     flat = array.reshape(-1)
     with np.errstate(invalid="ignore"):
-        return any(bool(test(flat[start:start + _CHECK_CHUNK]).any()) for start in range(0, flat.size, _CHECK_CHUNK))
+        for start in range(0, flat.size, _CHECK_CHUNK):
+            chunk = flat[start:start + _CHECK_CHUNK]
+            if test(chunk).any():
+                advance(flat.nbytes - start * flat.itemsize)
+                return True
+            advance(chunk.nbytes)
+    return False
 
 
-def nonfinite_weights(graph: Graph) -> list[str]:
+def _not_finite(chunk: np.ndarray) -> np.ndarray:
+    return ~np.isfinite(chunk)
+
+
+def _checked(graph: Graph) -> list[tuple[str, np.ndarray]]:
+    return [(name, array) for name, array in graph.initializers.items() if array.dtype.kind == "f" and array.size]
+
+
+def checked_weight_bytes(graph: Graph) -> int:
+    """The bytes ``nonfinite_weights`` reads (float initializers, subgraphs included)."""
+    return (sum(array.nbytes for _, array in _checked(graph))
+            + sum(checked_weight_bytes(sub) for node in graph.nodes for sub in node.subgraphs()))
+
+
+def nonfinite_weights(graph: Graph, advance: Callable[[int], None] | None = None) -> list[str]:
     """Names of float initializers holding NaN, or +-inf when a weight op reads them, in
-    ``graph`` and its subgraphs (``graph/sub/name``)."""
+    ``graph`` and its subgraphs (``graph/sub/name``). Each weight is read once, in chunks;
+    ``advance`` is told the bytes read as it goes."""
+    advance = advance or (lambda nbytes: None)
     weight_inputs = {name for node in graph.nodes if node.op_type in WEIGHT_OPS for name in node.inputs}
     found = []
-    for name, array in graph.initializers.items():
-        if array.dtype.kind != "f" or array.size == 0:
-            continue
-        if _any_in_chunks(array, np.isnan) or (name in weight_inputs and _any_in_chunks(array, np.isinf)):
+    for name, array in _checked(graph):
+        if _any_in_chunks(array, _not_finite if name in weight_inputs else np.isnan, advance):
             found.append(name)
     for node in graph.nodes:
         for sub in node.subgraphs():
-            found.extend(f"{node.name or node.op_type}/{name}" for name in nonfinite_weights(sub))
+            found.extend(f"{node.name or node.op_type}/{name}" for name in nonfinite_weights(sub, advance))
     return found

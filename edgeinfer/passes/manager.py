@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from edgeinfer.errors import EdgeInferError, PassError
 from edgeinfer.ir import Graph
+from edgeinfer.progress import Steps, steps
 
 # The pipeline: cleanup first (so patterns see canonical graphs), then folding into
 # weights, then fusion of op groups into single ops, activation fusion last (it consumes
@@ -120,8 +121,9 @@ def _run_one(info: PassInfo, graph: Graph, level: int, verify: bool, ran: list[s
 
 
 def optimize(graph: Graph, level: int = 1, *, max_rounds: int = 10, verify: bool | None = None,
-             report: list[PassReport] | None = None) -> Graph:
-    """Run the pipeline's passes of ``level`` or lower to a fixed point."""
+             report: list[PassReport] | None = None, progress: Steps | None = None) -> Graph:
+    """Run the pipeline's passes of ``level`` or lower to a fixed point (``progress``: one
+    step a round, counted in passes, sized by the graph's weights)."""
     from edgeinfer.passes import load_all
 
     load_all()
@@ -129,16 +131,19 @@ def optimize(graph: Graph, level: int = 1, *, max_rounds: int = 10, verify: bool
         verify = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0")
     passes = [p for p in PIPELINE if p.level <= level]
     ran: list[str] = []
-    for _ in range(max_rounds):
+    for round_ in range(max_rounds):
         changed = False
-        for info in passes:
-            before = len(graph.nodes)
-            result = _run_one(info, graph, level, verify, ran)
-            ran.append(info.name)
-            graph = result.graph
-            changed |= result.modified
-            if report is not None and result.modified:
-                report.append(PassReport(info.name, before, len(graph.nodes), dict(result.fired)))
+        weights = sum(array.nbytes for array in graph.initializers.values())
+        with steps(progress).step(f"passes, round {round_ + 1}", len(passes), "passes", weights) as step:
+            for info in passes:
+                before = len(graph.nodes)
+                result = _run_one(info, graph, level, verify, ran)
+                ran.append(info.name)
+                graph = result.graph
+                changed |= result.modified
+                if report is not None and result.modified:
+                    report.append(PassReport(info.name, before, len(graph.nodes), dict(result.fired)))
+                step.advance()
         if not changed:
             break
     return graph
