@@ -3,9 +3,10 @@
 1. live: a live source at 20 and 60 frames per second; added latency per frame = result time
    minus capture time minus the model's own run time (median of the raw session), median and p99;
 2. first stream: the first ``stream()`` call of a fresh Session on 200 requests (planning
-   included: it serves on replicas of the whole graph while the planner measures), then a
-   second call (steady state), against raw onnxruntime run sequentially with all threads and
-   as one 1-thread session per thread;
+   included: it serves on the compiled plan's runner, then replicas, while the planner
+   measures), then a second call (steady state), against raw onnxruntime run sequentially with
+   all threads and as one 1-thread session per thread, measured before and after in each of
+   three rounds (ratios per round, medians reported);
 3. overhead: ``Session.run`` over the raw onnxruntime session on the same model (median);
 4. partition: a 5,000-node graph with 2,500 backend alternations.
 
@@ -74,7 +75,10 @@ def _timed(call) -> float:
     return time.perf_counter() - start
 
 
-def first_stream(model: ei.Model, proto: Any, requests: int, threads: int) -> dict[str, Any]:
+def first_stream(model: ei.Model, proto: Any, requests: int, threads: int, rounds: int = 3) -> dict[str, Any]:
+    """``rounds`` rounds, each: raw onnxruntime both ways, a fresh Session's first stream, its
+    second stream (after the planner), raw again. Each round's ratios use that round's better
+    raw rate (the machine's load drifts between rounds); the medians over rounds are reported."""
     pool = [zoo.example_inputs(proto, seed=s) for s in range(8)]
     batch = [pool[i % len(pool)] for i in range(requests)]
     sequential = raw_onnxruntime(proto, threads)
@@ -94,33 +98,45 @@ def first_stream(model: ei.Model, proto: Any, requests: int, threads: int) -> di
         sequential(feeds)
         for single in singles:
             single(feeds)
-    rates: dict[str, float] = {}
-    for _ in range(2):  # the better of two passes each: the machine's load varies
-        rates["raw onnxruntime sequential"] = max(rates.get("raw onnxruntime sequential", 0.0),
-                                                  requests / _timed(lambda: [sequential(f) for f in batch]))
-        label = f"raw onnxruntime {threads}x1-thread sessions"
-        rates[label] = max(rates.get(label, 0.0), requests / _timed(parallel))
-    start = time.perf_counter()
-    session = ei.Session(model, backend="onnxruntime", threads=threads)
-    built = time.perf_counter()
-    for _ in session.stream(batch):
-        pass
-    end = time.perf_counter()
-    rates["edgeinfer first stream() (construction + planning included)"] = requests / (end - start)
-    rates["edgeinfer first stream() (planning included)"] = requests / (end - built)
-    deadline = time.monotonic() + 60  # the planner goes on after the first stream: wait for its plan
-    while not any(key[0] == "auto" for key in session.stage_plans) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    rates["edgeinfer second stream()"] = max(requests / _timed(lambda: list(session.stream(batch)))
-                                             for _ in range(2))
-    plans = {str(k): p.describe() for k, p in session.stage_plans.items()}
-    session.close()
-    best_raw = max(rates["raw onnxruntime sequential"], rates[f"raw onnxruntime {threads}x1-thread sessions"])
-    return {"requests": requests, "per_s": rates,
-            "first_vs_best_raw": rates["edgeinfer first stream() (planning included)"] / best_raw,
-            "first_with_construction_vs_best_raw":
-                rates["edgeinfer first stream() (construction + planning included)"] / best_raw,
-            "steady_vs_best_raw": rates["edgeinfer second stream()"] / best_raw, "plans": plans}
+    label = f"raw onnxruntime {threads}x1-thread sessions"
+    per_round: list[dict[str, float]] = []
+    plans: dict[str, str] = {}
+    for _ in range(rounds):
+        rates: dict[str, float] = {}
+
+        def raw_pass(rates: dict[str, float] = rates) -> None:
+            rates["raw onnxruntime sequential"] = max(rates.get("raw onnxruntime sequential", 0.0),
+                                                      requests / _timed(lambda: [sequential(f) for f in batch]))
+            rates[label] = max(rates.get(label, 0.0), requests / _timed(parallel))
+
+        raw_pass()
+        start = time.perf_counter()
+        session = ei.Session(model, backend="onnxruntime", threads=threads)
+        built = time.perf_counter()
+        for _ in session.stream(batch):
+            pass
+        end = time.perf_counter()
+        rates["edgeinfer first stream() (construction + planning included)"] = requests / (end - start)
+        rates["edgeinfer first stream() (planning included)"] = requests / (end - built)
+        deadline = time.monotonic() + 60  # the planner goes on after the first stream: wait for its plan
+        while not any(key[0] == "auto" for key in session.stage_plans) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rates["edgeinfer second stream()"] = max(requests / _timed(lambda s=session: list(s.stream(batch)))
+                                                 for _ in range(2))
+        raw_pass()
+        plans = {str(k): p.describe() for k, p in session.stage_plans.items()}
+        session.close()
+        best_raw = max(rates["raw onnxruntime sequential"], rates[label])
+        rates["first_vs_best_raw"] = rates["edgeinfer first stream() (planning included)"] / best_raw
+        rates["first_with_construction_vs_best_raw"] = \
+            rates["edgeinfer first stream() (construction + planning included)"] / best_raw
+        rates["steady_vs_best_raw"] = rates["edgeinfer second stream()"] / best_raw
+        per_round.append(rates)
+    median = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
+    return {"requests": requests, "rounds": per_round, "per_s": {k: v for k, v in median.items() if "_vs_" not in k},
+            "first_vs_best_raw": median["first_vs_best_raw"],
+            "first_with_construction_vs_best_raw": median["first_with_construction_vs_best_raw"],
+            "steady_vs_best_raw": median["steady_vs_best_raw"], "plans": plans}
 
 
 def overhead(model: ei.Model, proto: Any, threads: int, rounds: int) -> dict[str, float]:
@@ -194,7 +210,7 @@ def main() -> None:
     first = results["first_stream"]
     for label, rate in first["per_s"].items():
         print(f"  {label}: {rate:.1f} requests/s")
-    print(f"first stream {first['first_vs_best_raw']:.2f}x the better raw baseline "
+    print(f"median of {len(first['rounds'])} rounds: first stream {first['first_vs_best_raw']:.2f}x the better raw baseline "
           f"({first['first_with_construction_vs_best_raw']:.2f}x with the Session's construction), steady "
           f"{first['steady_vs_best_raw']:.2f}x")
     if args.json:
