@@ -139,10 +139,15 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
 @click.command("quantize")
 @click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The .eim file to write.")
-@click.option("--mode", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
-              help="static: calibrated int8 activations; dynamic: activations quantized at run time.")
-@click.option("--weights", "weight_format", type=click.Choice(["int8", "fp16"]), default="int8",
-              show_default=True, help="int8 quantization, or fp16 weight storage (float compute).")
+@click.option("--mode", type=click.Choice(["static", "dynamic", "weight_only"]), default="static", show_default=True,
+              help="static: calibrated int8 activations; dynamic: activations quantized at run time; "
+                   "weight_only: int4/int8 MatMul/Gemm weights in blocks, float compute (big models).")
+@click.option("--weights", "weight_format", type=click.Choice(["int8", "int4", "fp16"]), default="int8",
+              show_default=True, help="int8 quantization, int4 weight-only blocks, or fp16 weight storage "
+                                      "(float compute).")
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32", show_default=True,
+              help="weight_only: weights along K per scale.")
+@click.option("--zero-points", is_flag=True, help="weight_only: a zero point per block (asymmetric).")
 @_calibration_options
 @click.option("--max-accuracy-drop", type=click.FloatRange(0), metavar="P",
               help="Keep the most sensitive layers float until top-1 drops at most P points (needs --eval).")
@@ -152,8 +157,9 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
               help="Print a per-layer SQNR/cosine table and write its plot to this .png.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @handle_errors
-def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, max_accuracy_drop: float | None,
-                     evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
+def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, block_size: str,
+                     zero_points: bool, max_accuracy_drop: float | None, evaluation: Path | None,
+                     report: Path | None, quiet: bool, **calibration: Any) -> None:
     """Quantize MODEL (.eim or any convertible model) and write an .eim file.
 
     Example: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o model.int8.eim
@@ -173,16 +179,38 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
     extra: dict[str, Any] = {}
     if max_accuracy_drop is not None:
         extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
-    kind = "fp16" if weight_format == "fp16" else ("dynamic" if mode == "dynamic" else "int8")
-    quantized = _quantize(model, kind, quiet=quiet, **calibration, **extra)
-    _warn_few_samples(quantized)
-    quantized.save(output)
+    from edgeinfer.cli.progress import step_reporter
+
+    if weight_format == "int4" or mode == "weight_only":
+        quantized = _weight_only(model, model_path, weight_format, int(block_size), zero_points, quiet, calibration)
+    else:
+        kind = "fp16" if weight_format == "fp16" else ("dynamic" if mode == "dynamic" else "int8")
+        quantized = _quantize(model, kind, quiet=quiet, **calibration, **extra)
+        _warn_few_samples(quantized)
+    with step_reporter(f"writing {output.name}", quiet=quiet) as steps:
+        quantized.save(output, progress=steps)
     before = sum(a.nbytes for a in model.graph.initializers.values())
     after = sum(a.nbytes for a in quantized.graph.initializers.values())
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): weights {after:,} bytes, "
                f"{after / max(before, 1):.3f}x of {before:,}")
     if report is not None:
         _write_report(model, quantized, calibration, report)
+
+
+def _weight_only(model, model_path: Path, weight_format: str, block_size: int, zero_points: bool, quiet: bool,
+                 calibration: dict[str, Any]):
+    """``--mode weight_only`` / ``--weights int4``: no calibration; a step per weight stream."""
+    from edgeinfer.cli.progress import step_reporter
+    from edgeinfer.quantize import quantize
+
+    if weight_format == "fp16":
+        raise InputError("--weights fp16 with --mode weight_only: weight-only quantization is int4 or int8")
+    if calibration["calib"] is not None or calibration["calib_random"]:
+        raise InputError("weight-only quantization (--weights int4 / --mode weight_only) needs no calibration "
+                         "data: drop --calib / --calib-random")
+    with step_reporter(f"quantizing {model_path.name}", quiet=quiet) as steps:
+        return quantize(model, mode="weight_only", weights=weight_format, block_size=block_size,
+                        zero_points=zero_points, exclude=calibration["exclude"], progress=steps)
 
 
 def _load_evaluation(path: Path, model) -> tuple[dict, Any]:

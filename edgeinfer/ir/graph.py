@@ -383,8 +383,7 @@ def _hash_graph(graph: Graph, digest: Any) -> None:
             return {"graph": sub.hexdigest()}
         if isinstance(value, np.ndarray):
             return {"tensor": str(value.dtype), "shape": list(value.shape),
-                    "sha": hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
-                    if value.dtype != object else repr(value.tolist())}
+                    "sha": _array_digest(value) if value.dtype != object else repr(value.tolist())}
         if isinstance(value, tuple):
             return [attr_token(v) for v in value]
         if isinstance(value, bytes):
@@ -405,4 +404,37 @@ def _hash_graph(graph: Graph, digest: Any) -> None:
         if array.dtype == object:
             digest.update(repr(array.tolist()).encode())
         else:
-            digest.update(np.ascontiguousarray(array).tobytes())
+            hash_array_bytes(array, digest)
+
+
+HASH_CHUNK_BYTES = 16 << 20
+
+
+def hash_array_bytes(array: np.ndarray, digest: Any, chunk: int = HASH_CHUNK_BYTES) -> None:
+    """``digest.update`` with ``array``'s bytes in C order (those of ``tobytes()``) without a
+    whole copy: a contiguous array is read in place ``chunk`` bytes at a time, a strided one
+    copied ``chunk`` bytes at a time; the pages of a mapped weight are released as they are
+    hashed (``edgeinfer.ir.mapped.release_pages``), so the hash of a big model holds none."""
+    from edgeinfer.ir.mapped import release_pages
+
+    if array.flags.c_contiguous:
+        flat = array.reshape(-1).view(np.uint8)
+        for start in range(0, flat.size, chunk):
+            part = flat[start:start + chunk]
+            digest.update(part)
+            release_pages(part)
+        return
+    row = array[0].nbytes  # strided, hence not empty and at least 1-D
+    if array.ndim > 1 and row > chunk:  # one slice of the first axis is itself big: by slices
+        for index in range(array.shape[0]):
+            hash_array_bytes(array[index], digest, chunk)
+        return
+    step = max(1, chunk // row)
+    for start in range(0, array.shape[0], step):
+        digest.update(np.ascontiguousarray(array[start:start + step]).reshape(-1).view(np.uint8))
+
+
+def _array_digest(array: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    hash_array_bytes(array, digest)
+    return digest.hexdigest()

@@ -23,7 +23,10 @@ from edgeinfer.registry import OpRegistry
 
 TypeRule = Callable[[Node, Sequence[Value]], Sequence[tuple]]
 TYPE_RULES: OpRegistry[TypeRule] = OpRegistry("type rule")
-_INLINE_CONST_LIMIT = 4096  # elements; bigger constants are passed by type only
+_INLINE_CONST_LIMIT = 4096  # elements; bigger float constants are passed by type only
+# integer constants may be shapes, indices or axes whose values data propagation reads: inlined
+# up to this many elements (a packed int4/int8 weight, far bigger, is passed by type only)
+_INLINE_INT_LIMIT = 1 << 16
 
 
 def type_rule(op_type: str, domain: str):
@@ -42,7 +45,7 @@ def _inference_model(graph: Graph) -> onnx.ModelProto:
         if not value.is_static:  # ONNX keeps a declared output type as it is; let it infer one
             info.ClearField("type")
     for name, array in graph.initializers.items():
-        small = array.size <= _INLINE_CONST_LIMIT or array.dtype.kind in "iub"
+        small = array.size <= (_INLINE_INT_LIMIT if array.dtype.kind in "iub" else _INLINE_CONST_LIMIT)
         if small:
             model.graph.initializer.append(array_to_tensor(array, name))
         else:

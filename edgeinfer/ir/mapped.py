@@ -12,6 +12,12 @@ memory, and only while the file at that path is still the file that was mapped (
 inode, size and modification time): a model saved over the same path (``save_model`` writes a
 new file and renames it) makes its answer None, and the caller keeps the array in memory.
 Registrations are weak: they go when the map goes.
+
+``release_pages(array)`` tells the kernel that the pages of a mapped, read-only weight are not
+needed for now (``madvise(MADV_DONTNEED)``): they leave the process's resident memory and are
+read again from the page cache (or the file) when next touched, so a pass that streams over
+big weights (weight-only quantization, the content hash) holds one slab at a time, not the file.
+Dropping the pages of a read-only map loses nothing; a writable (copy-on-write) map is left alone.
 """
 
 from __future__ import annotations
@@ -108,6 +114,37 @@ def file_span(array: np.ndarray) -> FileSpan | None:
         return None
     span = FileSpan(entry.path, entry.file_offset + start, int(array.nbytes), entry.identity)
     return span if span.unchanged() else None
+
+
+def release_pages(array: np.ndarray) -> bool:
+    """Drop from resident memory the pages wholly inside ``array``'s bytes, where ``array`` is
+    a contiguous view of a registered read-only map (else do nothing); whether any were."""
+    if not isinstance(array, np.ndarray) or array.nbytes == 0:
+        return False
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return False
+    owner = _owner(array)
+    if not isinstance(owner, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    with _LOCK:
+        entry = _MAPS.get(id(owner))
+    if entry is None or entry.ref() is not owner:
+        return False
+    try:
+        with memoryview(owner) as view:
+            if not view.readonly:  # a private writable map: its pages may hold writes
+                return False
+    except ValueError:  # closed
+        return False
+    start = array.ctypes.data - entry.address
+    if start < 0 or start + array.nbytes > entry.length:
+        return False
+    page = mmap.PAGESIZE
+    low, high = -(-start // page) * page, (start + array.nbytes) // page * page  # whole pages only
+    if high <= low:
+        return False
+    owner.madvise(mmap.MADV_DONTNEED, low, high - low)
+    return True
 
 
 def file_identity(path: str) -> tuple[int, int, int, int] | None:

@@ -32,7 +32,7 @@ WEIGHT_FORMATS = ("int8", "int4", "fp16")
 def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_METHOD, *,
              mode: str = "static", weights: str = "int8", activations: str = "uint8",
              per_channel: bool = True, exclude: Iterable[str] = (), random_samples: int = 0,
-             limit: int | None = None, backend: str | None = None, progress: bool = False,
+             limit: int | None = None, backend: str | None = None, progress: Any = False,
              size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
@@ -48,6 +48,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     - ``mode="weight_only"`` (implied by ``weights="int4"``): int4 or int8 MatMul/Gemm weights
       in blocks of ``block_size`` along K with a scale (and with ``zero_points`` a zero point)
       per block, float compute (onnxruntime's MatMulNBits); for big models, no calibration.
+      The weights are streamed one at a time in slabs (a mapped model's float weights are
+      never resident at once); ``progress`` may be an ``edgeinfer.progress.Steps`` reporter,
+      which gets the step in float bytes quantized.
 
     With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
     percent, or a callable ``model -> metric``), the most sensitive layers stay float until
@@ -81,7 +84,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         from edgeinfer.quantize.weight_only import quantize_weight_only
 
         return quantize_weight_only(model, bits=4 if weights == "int4" else 8, block_size=block_size,
-                                    zero_points=zero_points, exclude=exclude)
+                                    zero_points=zero_points, exclude=exclude,
+                                    progress=None if isinstance(progress, bool) else progress)
     if mode == "dynamic":
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)

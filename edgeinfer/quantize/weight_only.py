@@ -24,61 +24,109 @@ from edgeinfer.errors import InputError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.contrib_ops import MS_DOMAIN, NBITS, pack
 from edgeinfer.ir.infer import infer_types
+from edgeinfer.ir.mapped import release_pages
 from edgeinfer.ir.names import fresh_name
 from edgeinfer.model import Model
+from edgeinfer.progress import Step, Steps, steps
 from edgeinfer.quantize.dynamic import _weight_of
 from edgeinfer.quantize.qdq import layer_name
 from edgeinfer.quantize.static import _graph_of, prepare_graph
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 MIN_SCALE = float(np.finfo(np.float32).tiny)  # a block of zeros keeps a normal scale
+SLAB_BYTES = 4 << 20  # float32 bytes of weight quantized at once (a few temporaries this size; fits a cache)
 
 
 def quantize_blocks(weight: np.ndarray, *, bits: int, block_size: int, zero_points: bool,
-                    chunk_rows: int = 1024) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    slab_bytes: int = SLAB_BYTES, step: Step | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """[K, N] float weight -> (B uint8 [N, k_blocks, block_size * bits / 8], scales float32
     [N * k_blocks], zero points uint8 packed [N * ceil(k_blocks * bits / 8)] or None).
 
-    Works on ``chunk_rows`` output columns at a time so that a large weight is never copied
-    whole in float64."""
+    Streams: the outputs are allocated at their packed size, and the weight is read in tiles
+    of about ``slab_bytes`` (whole blocks along K, an even number of them), in the order of its
+    memory (rows of a row-major [K, N]; columns of the transposed view of an [N, K], as a
+    Gemm with transB gives), each tile quantized by vectorized numpy. The pages of each stripe
+    of a memory-mapped weight are released once it is packed (``edgeinfer.ir.mapped``), so a
+    mapped model's float weights never become resident at once. ``step`` is advanced by the
+    float bytes done."""
     k, n = weight.shape
     k_blocks = -(-k // block_size)
-    qmax = 2 ** bits - 1
     b = np.empty((n, k_blocks, block_size * bits // 8), np.uint8)
     scales = np.empty((n, k_blocks), np.float32)
     zp_count = -(-k_blocks * bits // 8) if bits == 4 else k_blocks
     zps = np.empty((n, zp_count), np.uint8) if zero_points else None
-    for start in range(0, n, chunk_rows):
-        stop = min(n, start + chunk_rows)
-        w = np.zeros((stop - start, k_blocks * block_size), np.float32)
-        w[:, :k] = weight[:, start:stop].T
-        w = w.reshape(stop - start, k_blocks, block_size)
-        if zero_points:
-            low = np.minimum(w.min(axis=-1), 0.0)
-            high = np.maximum(w.max(axis=-1), 0.0)
-            scale = np.maximum((high - low) / qmax, MIN_SCALE)
-            zp = np.clip(np.rint(-low / scale), 0, qmax)
-        else:  # the block's value of largest magnitude maps to the lowest level, -2**(bits-1)
-            extreme = np.take_along_axis(w, np.abs(w).argmax(axis=-1)[..., None], axis=-1)[..., 0]
-            scale = extreme / -(2 ** (bits - 1))
-            scale = np.where(np.abs(scale) < MIN_SCALE, MIN_SCALE, scale)
-            zp = np.full(scale.shape, 2 ** (bits - 1), np.float32)
-        q = np.clip(np.rint(w / scale[..., None]) + zp[..., None], 0, qmax).astype(np.uint8)
-        b[start:stop] = pack(q, bits)
-        scales[start:stop] = scale
-        if zps is not None:
-            zp8 = zp.astype(np.uint8)
-            if bits == 4 and zp8.shape[1] % 2:
-                zp8 = np.concatenate([zp8, np.zeros((zp8.shape[0], 1), np.uint8)], axis=1)
-            zps[start:stop] = pack(zp8, bits)
+    rows_major = not (weight.flags.f_contiguous and not weight.flags.c_contiguous)
+    tile_rows, tile_cols = _tile_shape(k, n, 2 * block_size, max(1, slab_bytes // 4), rows_major)
+    row_starts, col_starts = range(0, k, tile_rows), range(0, n, tile_cols)
+    for major in (row_starts if rows_major else col_starts):  # a stripe of the weight's memory
+        for minor in (col_starts if rows_major else row_starts):
+            r0, c0 = (major, minor) if rows_major else (minor, major)
+            tile = weight[r0:r0 + tile_rows, c0:c0 + tile_cols]
+            kb0, cols = r0 // block_size, slice(c0, c0 + tile.shape[1])
+            packed, scale, zp = _quantize_tile(tile, bits, block_size, zero_points)
+            b[cols, kb0:kb0 + scale.shape[1]] = packed
+            scales[cols, kb0:kb0 + scale.shape[1]] = scale
+            if zps is not None:
+                zp8 = zp.astype(np.uint8)
+                if bits == 4 and zp8.shape[1] % 2:  # the last blocks of an odd count: a zero nibble pads
+                    zp8 = np.concatenate([zp8, np.zeros((zp8.shape[0], 1), np.uint8)], axis=1)
+                zp8 = pack(zp8, bits)
+                zps[cols, kb0 * bits // 8:kb0 * bits // 8 + zp8.shape[1]] = zp8
+            if step is not None:
+                step.advance(int(tile.size) * weight.itemsize)
+        release_pages(weight[major:major + tile_rows] if rows_major else weight[:, major:major + tile_cols])
     return b, scales.reshape(-1), None if zps is None else zps.reshape(-1)
 
 
+def _tile_shape(k: int, n: int, align: int, elements: int, rows_major: bool) -> tuple[int, int]:
+    """(rows, columns) of the tiles of a [K, N] weight: about ``elements`` each, rows a multiple
+    of ``align`` (whole blocks, an even number of them), and whole lines of the weight's memory
+    order (all columns of a row-major weight, all rows of a column-major one) where they fit."""
+    if rows_major:
+        cols = n if align * n <= elements else max(1, elements // align)
+        return max(align, elements // cols // align * align), cols
+    padded = -(-k // align) * align
+    rows = padded if padded <= elements else max(align, elements // align * align)
+    return rows, max(1, elements // rows)
+
+
+def _quantize_tile(tile: np.ndarray, bits: int, block_size: int, zero_points: bool
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[rows, cols] of a [K, N] weight (rows from a block boundary) -> (packed codes [cols,
+    blocks, block_size * bits / 8], scales float32 [cols, blocks], zero points float [cols,
+    blocks]); a last partial block is padded with zeros."""
+    rows, cols = tile.shape
+    blocks = -(-rows // block_size)
+    qmax = 2 ** bits - 1
+    w = np.empty((cols, blocks * block_size), np.float32)
+    w[:, :rows] = tile.T
+    w[:, rows:] = 0.0
+    w = w.reshape(cols, blocks, block_size)
+    if zero_points:
+        low = np.minimum(w.min(axis=-1), 0.0)
+        high = np.maximum(w.max(axis=-1), 0.0)
+        scale = np.maximum((high - low) / qmax, MIN_SCALE)
+        zp = np.clip(np.rint(-low / scale), 0, qmax)
+    else:  # the block's value of largest magnitude maps to the lowest level, -2**(bits-1)
+        extreme = np.take_along_axis(w, np.abs(w).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        scale = extreme / -(2 ** (bits - 1))
+        scale = np.where(np.abs(scale) < MIN_SCALE, MIN_SCALE, scale)
+        zp = np.full(scale.shape, 2 ** (bits - 1), np.float32)
+    w /= scale[..., None]  # in place, the float32 operations of rint(w / scale) + zp
+    np.rint(w, out=w)
+    w += zp[..., None]
+    np.clip(w, 0, qmax, out=w)
+    return pack(w.astype(np.uint8), bits), scale, zp
+
+
 def quantize_weight_only(model, *, bits: int = 4, block_size: int = 32, zero_points: bool = False,
-                         exclude: Iterable[str] = (), min_elements: int = 4096) -> Model:
+                         exclude: Iterable[str] = (), min_elements: int = 4096,
+                         progress: Steps | None = None) -> Model:
     """``model`` with every MatMul/Gemm over a constant float32 2-D weight of at least
     ``min_elements`` elements as MatMulNBits (``bits`` 4 or 8, ``block_size`` a power of two
-    from 16 to 256)."""
+    from 16 to 256). One weight at a time, streamed (``quantize_blocks``); ``progress``
+    (``edgeinfer.progress.Steps``) gets one step counted in float bytes quantized."""
     if bits not in NBITS:
         raise InputError(f"weight-only quantization: bits={bits!r}, expected one of {NBITS}")
     if block_size not in BLOCK_SIZES:
@@ -97,36 +145,22 @@ def quantize_weight_only(model, *, bits: int = 4, block_size: int = 32, zero_poi
         return fresh_name(base, taken)
 
     inits = dict(graph.initializers)
+    chosen = {id(node): weight for node in graph.nodes
+              if (weight := None if layer_name(node) in excluded else _weight_of(node, graph)) is not None
+              and weight.size >= min_elements}
+    total = sum(int(w.nbytes) for w in chosen.values())
+    label = f"quantize weights to int{bits}, block {block_size}"
     nodes: list[Node] = []
     layers: list[str] = []
-    for node in graph.nodes:
-        weight = None if layer_name(node) in excluded else _weight_of(node, graph)
-        if weight is None or weight.size < min_elements:
-            nodes.append(node)
-            continue
-        alpha = float(node.attrs.get("alpha", 1.0)) if node.op_type == "Gemm" else 1.0
-        k, n = weight.shape
-        b, scales, zps = quantize_blocks(weight, bits=bits, block_size=block_size, zero_points=zero_points)
-        names = [node.inputs[0], fresh(f"{node.inputs[1]}_q{bits}"), fresh(f"{node.inputs[1]}_scales")]
-        inits[names[1]], inits[names[2]] = b, (scales * np.float32(alpha)).astype(np.float32)
-        if zps is not None:
-            names.append(fresh(f"{node.inputs[1]}_zero_points"))
-            inits[names[-1]] = zps
-        y = node.outputs[0]
-        bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] else ""
-        product = fresh(f"{y}_unbiased") if bias else y
-        nodes.append(Node("MatMulNBits", names, [product], {"K": k, "N": n, "bits": bits, "block_size": block_size},
-                          domain=MS_DOMAIN, name=fresh(f"{layer_name(node)}_MatMulNBits")))
-        if bias:
-            beta = float(node.attrs.get("beta", 1.0))
-            if beta != 1.0:
-                beta_name = fresh(f"{y}_beta")
-                inits[beta_name] = np.array(beta, np.float32)
-                scaled = fresh(f"{bias}_beta")
-                nodes.append(Node("Mul", [bias, beta_name], [scaled]))
-                bias = scaled
-            nodes.append(Node("Add", [product, bias], [y]))
-        layers.append(layer_name(node))
+    with steps(progress).step(label, total) as step:
+        for node in graph.nodes:
+            weight = chosen.get(id(node))
+            if weight is None:
+                nodes.append(node)
+                continue
+            nodes.extend(_nbits_nodes(node, weight, inits, fresh, bits=bits, block_size=block_size,
+                                      zero_points=zero_points, step=step))
+            layers.append(layer_name(node))
     used = {i for nd in nodes for i in nd.inputs if i} | set(graph.output_names)
     inits = {k: v for k, v in inits.items() if k in used}
     produced = {o for nd in nodes for o in nd.outputs if o}
@@ -141,6 +175,36 @@ def quantize_weight_only(model, *, bits: int = 4, block_size: int = 32, zero_poi
     result = infer_types(result)
     result.verify()
     return Model(result, {**source.metadata, "quantization": metadata["quantization"]})
+
+
+def _nbits_nodes(node: Node, weight: np.ndarray, inits: dict[str, np.ndarray], fresh, *, bits: int,
+                 block_size: int, zero_points: bool, step: Step) -> list[Node]:
+    """The MatMulNBits (and bias Add) replacing one MatMul/Gemm; its packed weights go to ``inits``."""
+    alpha = float(node.attrs.get("alpha", 1.0)) if node.op_type == "Gemm" else 1.0
+    k, n = weight.shape
+    b, scales, zps = quantize_blocks(weight, bits=bits, block_size=block_size, zero_points=zero_points, step=step)
+    if alpha != 1.0:
+        scales *= np.float32(alpha)
+    names = [node.inputs[0], fresh(f"{node.inputs[1]}_q{bits}"), fresh(f"{node.inputs[1]}_scales")]
+    inits[names[1]], inits[names[2]] = b, scales
+    if zps is not None:
+        names.append(fresh(f"{node.inputs[1]}_zero_points"))
+        inits[names[-1]] = zps
+    y = node.outputs[0]
+    bias = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] else ""
+    product = fresh(f"{y}_unbiased") if bias else y
+    nodes = [Node("MatMulNBits", names, [product], {"K": k, "N": n, "bits": bits, "block_size": block_size},
+                  domain=MS_DOMAIN, name=fresh(f"{layer_name(node)}_MatMulNBits"))]
+    if bias:
+        beta = float(node.attrs.get("beta", 1.0))
+        if beta != 1.0:
+            beta_name = fresh(f"{y}_beta")
+            inits[beta_name] = np.array(beta, np.float32)
+            scaled = fresh(f"{bias}_beta")
+            nodes.append(Node("Mul", [bias, beta_name], [scaled]))
+            bias = scaled
+        nodes.append(Node("Add", [product, bias], [y]))
+    return nodes
 
 
 def weight_error(float_model: Model, quantized: Model, feeds: Iterable[dict], backend: str = "numpy") -> list[dict]:

@@ -107,6 +107,54 @@ def test_content_hash_is_stable_and_sensitive():
     assert renamed.content_hash() != first.content_hash()
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided", "bfloat16"])
+def test_weights_are_hashed_as_their_bytes_in_place(layout, rng):
+    """The digest takes each weight's bytes in C order, as ``tobytes()`` gives them (so the
+    hash is the one it always was), in chunks read in place: no whole copy of a weight."""
+    import hashlib
+    import tracemalloc
+
+    import ml_dtypes
+
+    from edgeinfer.ir.graph import hash_array_bytes
+
+    w = rng.standard_normal((3072, 8192)).astype(np.float32)  # 96 MiB
+    array = {"contiguous": w, "transposed": w.T, "strided": w[:, ::3],
+             "bfloat16": w[:64].astype(ml_dtypes.bfloat16)}[layout]
+    expected = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+    for chunk in (4096, 1 << 20):
+        digest = hashlib.sha256()
+        hash_array_bytes(array, digest, chunk)
+        assert digest.hexdigest() == expected
+    tracemalloc.start()
+    try:
+        hash_array_bytes(array, hashlib.sha256())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    limit = (1 << 20) if layout in ("contiguous", "bfloat16") else 2 * (16 << 20)  # strided: a chunk copied
+    assert peak < limit, (layout, peak)
+
+
+def test_content_hash_of_a_big_weight_copies_nothing_and_sees_one_changed_value(rng):
+    w = rng.standard_normal((3072, 8192)).astype(np.float32)  # 96 MiB
+    graph = Graph([Node("MatMul", ["x", "w"], ["y"])], [Value("x", "float32", [1, 3072])],
+                  [Value("y", "float32", [1, 8192])], {"w": w})
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        first = graph.content_hash()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < (2 << 20), peak
+    assert graph.content_hash() == first
+    const = graph.values["w"].const
+    const[1234, 5678] = np.nextafter(const[1234, 5678], np.float32(np.inf))  # one ulp of one weight
+    assert graph.content_hash() != first
+
+
 def test_text_dump_and_summary():
     from onnx import helper, numpy_helper
 

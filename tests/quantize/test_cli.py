@@ -144,3 +144,30 @@ def test_quantize_command_refuses_an_unknown_exclude_in_one_line(files, tmp_path
     assert result.exit_code != 0
     assert result.output.count("\n") == 1 and "no_such_layer" in result.output
     assert not (tmp_path / "q.eim").exists()
+
+
+def test_weight_only_int4_from_the_command_line_with_progress(tmp_path, monkeypatch):
+    """``--weights int4 --mode weight_only``: the packed model of ``ei.quantize`` (same outputs,
+    bit for bit), the quantize step reported with its size; calibration options refused."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeinfer.cli import progress as cli_progress
+
+    w = np.random.default_rng(0).standard_normal((256, 128)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 128])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mm.onnx")
+    monkeypatch.setattr(cli_progress, "SHOWN_STEP_BYTES", 0)  # report the steps of this small model
+    out = tmp_path / "mm.int4.eim"
+    result = CliRunner().invoke(quantize_command, [str(tmp_path / "mm.onnx"), "-o", str(out), "--weights", "int4",
+                                                   "--mode", "weight_only", "--block-size", "64"])
+    assert result.exit_code == 0, result.output
+    assert "quantize weights to int4, block 64: 128.0/128.0 KiB" in result.stderr
+    expected = ei.quantize(ei.convert(tmp_path / "mm.onnx"), weights="int4", mode="weight_only", block_size=64)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 256)).astype(np.float32)}
+    np.testing.assert_array_equal(ei.Session(ei.load(out)).run(feeds)["y"], ei.Session(expected).run(feeds)["y"])
+    refused = CliRunner().invoke(quantize_command, [str(tmp_path / "mm.onnx"), "-o", str(out), "--weights", "int4",
+                                                    "--calib-random", "4"])
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1 and "no calibration" in refused.output

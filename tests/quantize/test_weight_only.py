@@ -127,3 +127,93 @@ def test_bad_options_are_typed_errors(rng):
         ei.quantize(model, weights="int4", exclude=["no_such_layer"])
     with pytest.raises(ei.InputError, match="weight-only"):
         ei.quantize(model, weights="int4", mode="dynamic")
+
+
+def _whole_weight_blocks(weight, bits, block, zero_points):
+    """The quantizer as it was before it streamed: the whole [K, N] weight padded and
+    transposed at once, the same float32 formulas; the oracle for bit-identity."""
+    k, n = weight.shape
+    k_blocks = -(-k // block)
+    qmax = 2 ** bits - 1
+    w = np.zeros((n, k_blocks * block), np.float32)
+    w[:, :k] = weight.T
+    w = w.reshape(n, k_blocks, block)
+    if zero_points:
+        low, high = np.minimum(w.min(axis=-1), 0.0), np.maximum(w.max(axis=-1), 0.0)
+        scale = np.maximum((high - low) / qmax, np.finfo(np.float32).tiny)
+        zp = np.clip(np.rint(-low / scale), 0, qmax)
+    else:
+        extreme = np.take_along_axis(w, np.abs(w).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        scale = extreme / -(2 ** (bits - 1))
+        scale = np.where(np.abs(scale) < np.finfo(np.float32).tiny, np.finfo(np.float32).tiny, scale)
+        zp = np.full(scale.shape, 2 ** (bits - 1), np.float32)
+    q = np.clip(np.rint(w / scale[..., None]) + zp[..., None], 0, qmax).astype(np.uint8)
+    zp8 = zp.astype(np.uint8)
+    if bits == 4 and zp8.shape[1] % 2:
+        zp8 = np.concatenate([zp8, np.zeros((n, 1), np.uint8)], axis=1)
+    return pack(q, bits), scale.reshape(-1), pack(zp8, bits).reshape(-1) if zero_points else None
+
+
+@pytest.mark.parametrize("slab_bytes", [4096, 64 << 10, 1 << 30])  # tiles of part of a row, rows, the whole
+@pytest.mark.parametrize("transposed", [False, True])  # a row-major [K, N]; the [K, N] view of an [N, K]
+@pytest.mark.parametrize("bits,zero_points", [(4, False), (4, True), (8, False), (8, True)])
+def test_streamed_quantizer_is_bit_identical_to_the_whole_weight_one(rng, bits, zero_points, transposed, slab_bytes):
+    k, n, block = 1000, 130, 32  # K not a multiple of the block, an odd block count (zero points pad)
+    weight = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+    weight[:5] = 0.0  # blocks of zeros
+    weight = weight.T if transposed else weight
+    weight[64:96, 3] = np.float32(0.5) * np.sign(rng.standard_normal(32)).astype(np.float32)  # a tie of +-extremes
+    got = quantize_blocks(weight, bits=bits, block_size=block, zero_points=zero_points, slab_bytes=slab_bytes)
+    want = _whole_weight_blocks(weight, bits, block, zero_points)
+    for name, g, w in zip(("B", "scales", "zero points"), got, want):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), name
+
+
+def test_a_mapped_model_is_quantized_a_slab_at_a_time_with_progress(rng, tmp_path):
+    """Quantizing a loaded .eim leaves (almost) none of its float weights resident (each slab's
+    pages are released once packed), reports every float byte once, and gives the packed
+    weights of the same model held in memory."""
+    import contextlib
+    import sys
+
+    import psutil
+
+    from edgeinfer.progress import BYTES
+
+    w0 = rng.standard_normal((2048, 2048)).astype(np.float32)  # 16 MiB, row-major [K, N]
+    w1 = rng.standard_normal((1024, 2048)).astype(np.float32)  # a Gemm's [N, K] with transB: 8 MiB
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w0"], ["h"]),
+                               helper.make_node("Gemm", ["h", "w1"], ["y"], transB=1)], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1024])],
+                              [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")])
+    in_memory = ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    path = tmp_path / "big.eim"
+    in_memory.save(path)
+    mapped = ei.load(path)
+    steps = []
+
+    class Recorder:
+        @contextlib.contextmanager
+        def step(self, label, total, unit=BYTES, size=None):
+            done = []
+
+            class Step:
+                def advance(self, amount=1):
+                    done.append(amount)
+
+            yield Step()
+            steps.append((label, total, unit, sum(done)))
+
+    quantized = ei.quantize(mapped, weights="int4", mode="weight_only", block_size=32, progress=Recorder())
+    assert steps == [("quantize weights to int4, block 32", w0.nbytes + w1.nbytes, BYTES, w0.nbytes + w1.nbytes)]
+    if sys.platform.startswith("linux"):
+        resident = sum(m.rss for m in psutil.Process().memory_maps(grouped=True) if m.path == str(path.resolve()))
+        assert resident < (w0.nbytes + w1.nbytes) // 8, resident
+    expected = ei.quantize(in_memory, weights="int4", mode="weight_only", block_size=32)
+    got, want = quantized.graph.initializers, expected.graph.initializers
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype and got[name].tobytes() == want[name].tobytes(), name
