@@ -7,7 +7,8 @@ step in a fresh process each, with wall time and peak resident memory (ru_maxrss
 
 Steps: ``make`` (the model, written in chunks), ``ort`` (onnxruntime loads the original and runs
 once: the reference), ``convert`` (``ei.convert`` + ``Model.save`` to .eim), ``load`` (``ei.load``
-of the .eim), ``run-numpy`` and ``run-onnxruntime`` (load + first run, compared with the
+of the .eim), ``hash`` (``Graph.content_hash()`` of the loaded .eim, backend="auto"'s cache
+key: time, peak and resident memory after), ``run-numpy`` and ``run-onnxruntime`` (load + first run, compared with the
 reference; the onnxruntime step also says how many MiB of weights reached onnxruntime by file
 reference into the .eim and how many in memory), ``run-onnxruntime-prepack`` (the same with
 ``prepack=True``; not run by default), ``quantize-int4`` (``ei.quantize(weights="int4",
@@ -119,6 +120,20 @@ def step_load(folder: Path, k: int, n: int) -> dict:
 
     return {"load_s": took, "imports_s": imports, "rss_after_load_mib": psutil.Process().memory_info().rss / 2**20,
             "peak_before_load_mib": before, "nodes": len(model.graph.nodes)}
+
+
+def step_hash(folder: Path, k: int, n: int) -> dict:
+    """``Graph.content_hash()`` of the mapped .eim (the key of backend="auto"'s plan cache)."""
+    import psutil
+
+    import edgeinfer as ei
+
+    graph = ei.load(folder / "big.eim").graph
+    before = _peak_mib()
+    start = time.perf_counter()
+    graph.content_hash()
+    return {"hash_s": time.perf_counter() - start, "peak_before_mib": before,
+            "rss_after_mib": psutil.Process().memory_info().rss / 2**20}
 
 
 def _run(folder: Path, k: int, backend: str, name: str = "big.eim", **engine) -> dict:
@@ -275,7 +290,7 @@ def step_int4_error(folder: Path, k: int, n: int) -> dict:
     return {"int4_error": table, "weights_shape": [rows, cols]}
 
 
-STEPS = {"make": step_make, "ort": step_ort, "convert": step_convert, "load": step_load,
+STEPS = {"make": step_make, "ort": step_ort, "convert": step_convert, "load": step_load, "hash": step_hash,
          "run-numpy": step_run_numpy, "run-onnxruntime": step_run_onnxruntime,
          "run-onnxruntime-prepack": step_run_onnxruntime_prepack, "quantize-int4": step_quantize_int4,
          "int4": step_int4,
@@ -334,6 +349,10 @@ def main() -> None:
                    + ")") if routes else ""
             print(f"run {backend}: peak {r['peak_rss_mib']:.0f} MiB vs onnxruntime's own {by['ort']['peak_rss_mib']:.0f}"
                   f" MiB (target <=); error {r['max_error_relative_to_max']:.2g} (target <= 1e-4){via}")
+    if "hash" in by:
+        r = by["hash"]
+        print(f"content hash (auto's cache key): {r['hash_s']:.1f} s, peak {r['peak_rss_mib']:.0f} MiB "
+              f"({r['peak_before_mib']:.0f} before), {r['rss_after_mib']:.0f} MiB resident after")
     if "quantize-int4" in by:
         r = by["quantize-int4"]
         print(f"quantize int4 block 32 + save: peak {r['peak_rss_mib']:.0f} MiB = {r['peak_rss_mib'] / r['weights_mib']:.2f}x "

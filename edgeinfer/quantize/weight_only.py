@@ -64,7 +64,7 @@ def quantize_blocks(weight: np.ndarray, *, bits: int, block_size: int, zero_poin
             r0, c0 = (major, minor) if rows_major else (minor, major)
             tile = weight[r0:r0 + tile_rows, c0:c0 + tile_cols]
             kb0, cols = r0 // block_size, slice(c0, c0 + tile.shape[1])
-            packed, scale, zp = _quantize_tile(tile, bits, block_size, zero_points)
+            packed, scale, zp = _quantize_tile(tile, bits, block_size, zero_points, rows_major)
             b[cols, kb0:kb0 + scale.shape[1]] = packed
             scales[cols, kb0:kb0 + scale.shape[1]] = scale
             if zps is not None:
@@ -91,33 +91,52 @@ def _tile_shape(k: int, n: int, align: int, elements: int, rows_major: bool) -> 
     return rows, max(1, elements // rows)
 
 
-def _quantize_tile(tile: np.ndarray, bits: int, block_size: int, zero_points: bool
+def _quantize_tile(tile: np.ndarray, bits: int, block_size: int, zero_points: bool, rows_major: bool
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[rows, cols] of a [K, N] weight (rows from a block boundary) -> (packed codes [cols,
     blocks, block_size * bits / 8], scales float32 [cols, blocks], zero points float [cols,
-    blocks]); a last partial block is padded with zeros."""
+    blocks]); a last partial block is padded with zeros.
+
+    The tile is copied once in its own memory order (``rows_major``: [blocks, block, cols],
+    reduced across rows; else [cols, blocks, block]), so no float transpose is made; only the
+    packed codes (1/8 or 1/4 of the bytes) are transposed at the end."""
     rows, cols = tile.shape
     blocks = -(-rows // block_size)
     qmax = 2 ** bits - 1
-    w = np.empty((cols, blocks * block_size), np.float32)
-    w[:, :rows] = tile.T
-    w[:, rows:] = 0.0
-    w = w.reshape(cols, blocks, block_size)
+    if rows_major:
+        w = np.empty((blocks * block_size, cols), np.float32)
+        w[:rows], w[rows:] = tile, 0.0
+        w, axis = w.reshape(blocks, block_size, cols), 1
+    else:
+        w = np.empty((cols, blocks * block_size), np.float32)
+        w[:, :rows], w[:, rows:] = tile.T, 0.0
+        w, axis = w.reshape(cols, blocks, block_size), 2
+    high, low = w.max(axis=axis), w.min(axis=axis)
     if zero_points:
-        low = np.minimum(w.min(axis=-1), 0.0)
-        high = np.maximum(w.max(axis=-1), 0.0)
+        low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
         scale = np.maximum((high - low) / qmax, MIN_SCALE)
         zp = np.clip(np.rint(-low / scale), 0, qmax)
     else:  # the block's value of largest magnitude maps to the lowest level, -2**(bits-1)
-        extreme = np.take_along_axis(w, np.abs(w).argmax(axis=-1)[..., None], axis=-1)[..., 0]
+        extreme = np.where(high >= -low, high, low)
+        tied = ((high == -low) & (high != 0)) | np.isnan(high)  # +-x both there: the first one counts
+        if tied.any():
+            ties = np.moveaxis(w, axis, -1)[tied]
+            extreme[tied] = np.take_along_axis(ties, np.abs(ties).argmax(axis=-1)[:, None], axis=-1)[:, 0]
         scale = extreme / -(2 ** (bits - 1))
         scale = np.where(np.abs(scale) < MIN_SCALE, MIN_SCALE, scale)
         zp = np.full(scale.shape, 2 ** (bits - 1), np.float32)
-    w /= scale[..., None]  # in place, the float32 operations of rint(w / scale) + zp
+    w /= np.expand_dims(scale, axis)  # in place, the float32 operations of rint(w / scale) + zp
     np.rint(w, out=w)
-    w += zp[..., None]
+    w += np.expand_dims(zp, axis)
     np.clip(w, 0, qmax, out=w)
-    return pack(w.astype(np.uint8), bits), scale, zp
+    q = w.astype(np.uint8)
+    if bits == 4:  # low nibble first, along the block (contrib_ops.pack, on the block's axis)
+        even, odd = ([slice(None)] * 3 for _ in range(2))
+        even[axis], odd[axis] = slice(0, None, 2), slice(1, None, 2)
+        q = (q[tuple(even)] & 0x0F) | ((q[tuple(odd)] & 0x0F) << 4)
+    if rows_major:
+        return q.transpose(2, 0, 1), scale.T, zp.T
+    return q, scale, zp
 
 
 def quantize_weight_only(model, *, bits: int = 4, block_size: int = 32, zero_points: bool = False,
