@@ -284,7 +284,10 @@ def replica_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: i
     slow: what a stream switches to as soon as the copies are compiled, before the planner."""
     graph = compiled.graph
     count = _workers(compiled, workers)
-    stages = _build_stages(compiled, [(0, len(graph.nodes))], threads=1)
+    # the compiled plan's own parts, compiled again single-threaded (no re-partition of a copy)
+    runner = SequentialExecutor(graph, compile_parts(compiled.plan, compiled.backends, threads=1, busy_wait=False))
+    stages = [Stage(range(0, len(graph.nodes)), [runner], frozenset(graph.output_names), graph,
+                    list(compiled.plan.assignment.backends))]
     try:
         stages[0].replicate(count)
         for replica in range(count):
