@@ -151,6 +151,10 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
 @_calibration_options
 @click.option("--max-accuracy-drop", type=click.FloatRange(0), metavar="P",
               help="Keep the most sensitive layers float until top-1 drops at most P points (needs --eval).")
+@click.option("--min-sqnr", type=float, metavar="DB",
+              help="Mixed precision: keep the noisiest layers float until every output's SQNR vs fp32 reaches DB.")
+@click.option("--equalize", is_flag=True,
+              help="Cross-layer equalization before calibrating (per-channel ranges moved into the next Conv).")
 @click.option("--eval", "evaluation", type=click.Path(path_type=Path),
               help="Labelled evaluation set: an .npz with the input array(s) (by input name) and 'labels'.")
 @click.option("--report", type=click.Path(path_type=Path),
@@ -158,8 +162,8 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @handle_errors
 def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, block_size: str,
-                     zero_points: bool, max_accuracy_drop: float | None, evaluation: Path | None,
-                     report: Path | None, quiet: bool, **calibration: Any) -> None:
+                     zero_points: bool, max_accuracy_drop: float | None, min_sqnr: float | None, equalize: bool,
+                     evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
     """Quantize MODEL (.eim or any convertible model) and write an .eim file.
 
     Example: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o model.int8.eim
@@ -181,6 +185,9 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
         extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
     from edgeinfer.cli.progress import step_reporter
 
+    if (min_sqnr is not None or equalize) and (mode != "static" or weight_format != "int8"):
+        raise InputError("--min-sqnr and --equalize apply to static int8 quantization (--mode static --weights int8)")
+    extra.update({"min_sqnr": min_sqnr} if min_sqnr is not None else {}, **({"equalize": True} if equalize else {}))
     if weight_format == "int4" or mode == "weight_only":
         quantized = _weight_only(model, model_path, weight_format, int(block_size), zero_points, quiet, calibration)
     else:
@@ -193,6 +200,7 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
     after = sum(a.nbytes for a in quantized.graph.initializers.values())
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): weights {after:,} bytes, "
                f"{after / max(before, 1):.3f}x of {before:,}")
+    _echo_mixed_precision(quantized)
     if report is not None:
         _write_report(model, quantized, calibration, report)
 
@@ -211,6 +219,16 @@ def _weight_only(model, model_path: Path, weight_format: str, block_size: int, z
     with step_reporter(f"quantizing {model_path.name}", quiet=quiet) as steps:
         return quantize(model, mode="weight_only", weights=weight_format, block_size=block_size,
                         zero_points=zero_points, exclude=calibration["exclude"], progress=steps)
+
+
+def _echo_mixed_precision(model) -> None:
+    import json
+
+    mixed = json.loads(model.metadata.get("quantization", "{}")).get("mixed_precision")
+    if mixed:
+        click.echo(f"mixed precision: {mixed['float_layers']} layers kept float, {mixed['quantized_layers']} int8; "
+                   f"SQNR {mixed['sqnr_db']} dB on {mixed['samples']} calibration samples (target {mixed['min_sqnr_db']:g}"
+                   f" dB{'' if mixed['met'] else ', NOT met'})")
 
 
 def _load_evaluation(path: Path, model) -> tuple[dict, Any]:

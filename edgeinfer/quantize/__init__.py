@@ -37,7 +37,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
-             quantize_outputs: bool = False) -> Model:
+             quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -63,6 +63,15 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     latency (issue 21's AVX2 measurement); 7-bit weights cannot saturate and keep the fast
     kernels, exactly, for one bit of weight precision (1.0-2.4 dB output SQNR on MobileNetV2 and
     ResNet-50, ``benchmarks/bench_int8_exact_path.py``). Elsewhere (VNNI, ARM) it only costs the bit.
+
+    ``equalize=True`` (static) first applies cross-layer equalization (``equalize.py``: per-channel
+    scales moved between a layer's output channels and the next Conv's input channels, the same
+    function in float) with channel ranges measured on the first calibration samples.
+
+    ``min_sqnr`` (dB, static): mixed precision to a task-agnostic target. The layers adding the
+    most noise stay float until every output's SQNR against fp32 on the first calibration samples
+    reaches ``min_sqnr`` (``sensitivity.quantize_to_sqnr``); which layers, and why, is in the
+    model's ``quantization`` metadata under ``mixed_precision``. A target not reached warns.
 
     Every static quantization ends with the quality guard (``guard.py``): INT8 against fp32
     on held-out calibration samples, per output SQNR and cosine, in the model's
@@ -90,8 +99,23 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
         return quantize_dynamic(model, per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
-    calibration = calibrate(model, calibration_data, random_samples=random_samples, limit=limit,
-                            backend=backend, progress=progress, size=size, mean=mean, std=std, hold_out=True)
+    source = dict(random_samples=random_samples, size=size, mean=mean, std=std)
+    if equalize:
+        model = equalized(model, calibration_data, backend=backend, **source)
+    calibration = calibrate(model, calibration_data, limit=limit, backend=backend, progress=progress,
+                            hold_out=True, **source)
+    if min_sqnr is not None:
+        if max_accuracy_drop is not None:
+            raise InputError("min_sqnr and max_accuracy_drop are two targets for the same search: give one")
+        from edgeinfer.quantize.sensitivity import quantize_to_sqnr
+
+        result = quantize_to_sqnr(model, calibration, min_sqnr, feeds=sensitivity_feeds(calibration, calibration_data,
+                                  **source), method=method, activations=activations, per_channel=per_channel,
+                                  exclude=list(exclude), reduce_range=reduce_range, backend=backend)
+        if not result.within_budget:
+            warnings.warn(f"SQNR target {min_sqnr:g} dB not met: {result.final_metric:.1f} dB with "
+                          f"{len(result.kept_float)} layers in float", stacklevel=2)
+        return guarded(result.model, calibration, backend)
     if max_accuracy_drop is None:
         return guarded(quantize_static(model, calibration, method=method, activations=activations,
                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
@@ -102,8 +126,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
 
     metric = evaluation if callable(evaluation) else top1_metric(*evaluation, backend=backend)
-    feeds = sensitivity_feeds(calibration, calibration_data, random_samples=random_samples, size=size,
-                              mean=mean, std=std)
+    feeds = sensitivity_feeds(calibration, calibration_data, **source)
     result = quantize_within_budget(model, calibration, metric, max_accuracy_drop, feeds=feeds, method=method,
                                     activations=activations, per_channel=per_channel, exclude=list(exclude),
                                     reduce_range=reduce_range, backend=backend)
@@ -133,6 +156,27 @@ def guarded(quantized: Model, calibration: Calibration, backend: str | None = No
     metadata = dict(quantized.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)
     return Model(quantized.graph, metadata)
+
+
+def equalized(model: Model, calibration_data: Any, *, backend: str | None = None, **source: Any) -> Model:
+    """``model`` (prepared for quantization) after cross-layer equalization, with channel ranges
+    from the first calibration samples; what was rescaled is in ``metadata["equalization"]``."""
+    import json
+    from itertools import islice
+
+    from edgeinfer.quantize.data import open_source
+    from edgeinfer.quantize.equalize import EQUALIZATION_SAMPLES, equalize
+    from edgeinfer.quantize.static import prepare_graph
+
+    graph = prepare_graph(model.graph)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random data warns once, at calibration
+        feeds = list(islice(open_source(calibration_data, graph, **source), EQUALIZATION_SAMPLES))
+    graph, pairs = equalize(graph, feeds, backend=backend)
+    metadata = dict(model.metadata)
+    metadata["equalization"] = json.dumps({"pairs": len(pairs), "rescaled": [p.summary() for p in pairs]},
+                                          sort_keys=True)
+    return Model(graph, metadata)
 
 
 def sensitivity_feeds(calibration: Calibration, calibration_data: Any, count: int = 8, **source: Any) -> list:

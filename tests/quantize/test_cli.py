@@ -171,3 +171,21 @@ def test_weight_only_int4_from_the_command_line_with_progress(tmp_path, monkeypa
     refused = CliRunner().invoke(quantize_command, [str(tmp_path / "mm.onnx"), "-o", str(out), "--weights", "int4",
                                                     "--calib-random", "4"])
     assert refused.exit_code == 2 and refused.output.count("\n") == 1 and "no calibration" in refused.output
+
+
+def test_quantize_command_min_sqnr_says_what_stayed_float(files, tmp_path):
+    import json
+
+    folder, proto = files
+    out = tmp_path / "mixed.eim"
+    result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                   "--min-sqnr", "60", "--equalize", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("mixed precision:"))
+    record = json.loads(ei.load(out).metadata["quantization"])["mixed_precision"]
+    assert record["min_sqnr_db"] == 60 and f"{record['float_layers']} layers kept float" in line
+    assert record["float_layers"] > 0 and record["met"]
+    assert "equalization" in ei.load(out).metadata
+    refused = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--mode", "dynamic", "--min-sqnr", "30",
+                                                    "-o", str(tmp_path / "d.eim")])
+    assert refused.exit_code != 0 and refused.output.count("\n") == 1

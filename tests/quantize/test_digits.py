@@ -162,3 +162,31 @@ def test_per_layer_report_matches_a_direct_computation(fp32, calibration, digits
     assert all(r.layer in table for r in rows)
     plot(rows, tmp_path / "report.png")
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_min_sqnr_keeps_layers_float_until_the_target_holds(fp32, digits):
+    import json
+
+    from edgeinfer.quantize.guard import output_quality
+
+    held_out = [{"image": digits.test_x[:256]}]
+    plain = quantize(fp32, _batches(digits.train_x))
+    plain_db = output_quality(fp32.graph, plain.graph, held_out)[0].sqnr_db
+    target = plain_db + 2.0
+    mixed = quantize(fp32, _batches(digits.train_x), min_sqnr=target)
+    record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
+    assert record["met"] and record["sqnr_db"] >= target and record["int8_sqnr_db"] < target
+    assert 0 < record["float_layers"] and record["quantized_layers"] > 0 and record["reasons"]
+    kept = set(record["kept_float"])
+    for node in mixed.graph.nodes:  # the layers it names run float: their weights are float constants
+        if (node.name or node.outputs[0]) in kept and node.op_type in ("Conv", "Gemm"):
+            assert mixed.graph.values[node.inputs[1]].const is not None
+    # measured on calibration batches; the test images get within a dB of it
+    assert output_quality(fp32.graph, mixed.graph, held_out)[0].sqnr_db >= target - 1.0
+    assert _accuracy(mixed, digits, "numpy") == pytest.approx(_accuracy(fp32, digits, "numpy"), abs=0.3)
+
+
+def test_min_sqnr_with_an_accuracy_budget_is_an_error(fp32, digits):
+    with pytest.raises(ei.EdgeInferError, match="min_sqnr and max_accuracy_drop"):
+        quantize(fp32, _batches(digits.train_x), min_sqnr=30.0, max_accuracy_drop=0.5,
+                 evaluation=(digits.test_x, digits.test_y))

@@ -91,3 +91,23 @@ def test_ocr_detector_quality_is_measured_and_said():
     ref = np.concatenate([r["sigmoid_0.tmp_0"].ravel() for r in _outputs(fp32, held)])
     got = np.concatenate([g["sigmoid_0.tmp_0"].ravel() for g in _outputs(int8, held)])
     assert output["sqnr_db"] == pytest.approx(sqnr(ref, got), abs=0.5)
+
+
+def test_face_detector_mixed_precision_meets_20_db_on_held_out_crops(tmp_path):
+    """Full INT8 gives the MediaPipe face detector about 16 dB on held-out crops; ``min_sqnr``
+    keeps its noisiest layers float until the calibration samples reach 23 dB (3 dB of margin:
+    the held-out crops come out lower), and the held-out crops then reach the issue's 20 dB."""
+    task = TASKS["face_detection_short_range"]
+    fp32 = _fp32(task.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
+        mixed = quantize(fp32, task.calibration(2), min_sqnr=23.0)
+    record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
+    assert record["met"] and record["int8_sqnr_db"] < 20 and 0 < record["float_layers"]
+    assert record["quantized_layers"] > 0  # some layers stay int8
+    mixed.save(tmp_path / "mixed.eim")
+    held_out = task.held_out(2)
+    reference = _outputs(fp32, held_out)
+    for backend in ("onnxruntime", "numpy"):
+        got = _outputs(ei.load(tmp_path / "mixed.eim"), held_out, backend)
+        assert task.metric(reference, got) >= 20.0, backend
