@@ -20,7 +20,7 @@ from edgeinfer.cli.support import LazyChoice, LibraryDefault, handle_errors
 from edgeinfer.errors import InputError
 
 _CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
-                     "std", "size", "exclude")
+                     "std", "size", "layout", "exclude")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -70,6 +70,8 @@ def _calibration_options(fn):
         click.option("--mean", help="Image preprocessing: per-channel mean (on [0,1] RGB), e.g. 0.485,0.456,0.406."),
         click.option("--std", help="Image preprocessing: per-channel std, e.g. 0.229,0.224,0.225."),
         click.option("--size", help="Image preprocessing: resize to HxW (default: the input's size)."),
+        click.option("--layout", type=click.Choice(["NCHW", "NHWC"]),
+                     help="Image preprocessing: the input's layout (default: guessed from where it has 3 channels)."),
         click.option("--exclude", multiple=True, metavar="LAYER", help="Keep this layer in float (repeatable)."),
     ]
     for option in reversed(options):
@@ -79,7 +81,7 @@ def _calibration_options(fn):
 
 def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
-              exclude: tuple[str, ...], quiet: bool = False, **extra: Any):
+              layout: str | None, exclude: tuple[str, ...], quiet: bool = False, **extra: Any):
     from edgeinfer.cli.progress import shows_progress
     from edgeinfer.quantize import quantize
 
@@ -92,7 +94,8 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
     return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
-                    progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"), **extra)
+                    progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"),
+                    layout=layout, **extra)
 
 
 def quantize_options(fn):
@@ -265,7 +268,7 @@ def _write_report(model, quantized, calibration: dict[str, Any], path: Path) -> 
     layers = [n.name or n.outputs[0] for n in quantized.graph.nodes]
     feeds = list(islice(open_source(calibration["calib"], float_graph, random_samples=calibration["calib_random"],
                                     size=_size(calibration["size"]), mean=_floats(calibration["mean"], "mean"),
-                                    std=_floats(calibration["std"], "std")), 8))
+                                    std=_floats(calibration["std"], "std"), layout=calibration["layout"]), 8))
     rows = sorted(layer_errors(float_graph, quantized.graph, layers, feeds), key=lambda row: row.sqnr_db)
     click.echo(format_table(rows, title=f"per-layer error vs fp32 on {len(feeds)} sample(s), worst first"))
     exact = sum(1 for row in rows if math.isinf(row.sqnr_db))

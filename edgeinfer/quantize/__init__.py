@@ -37,12 +37,15 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
-             quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None) -> Model:
+             quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None,
+             layout: str | None = None) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
       folder of .npy/.npz files or images, or None with ``random_samples`` > 0, which warns)
       and insert QDQ with ranges from ``method`` (one of minmax, percentile, entropy, mse).
+      Images are resized to ``size``, normalized by ``mean``/``std`` and laid out as ``layout``
+      ("NCHW" or "NHWC"; default: guessed from where the input has 3 channels).
     - ``mode="dynamic"``: int8 MatMul/Gemm weights, activations quantized at run time.
     - ``weights="fp16"``: float16 weight storage, float compute; no calibration.
     - ``mode="weight_only"`` (implied by ``weights="int4"``): int4 or int8 MatMul/Gemm weights
@@ -99,7 +102,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)
         return quantize_dynamic(model, per_channel=per_channel, exclude=exclude, reduce_range=reduce_range)
-    source = dict(random_samples=random_samples, size=size, mean=mean, std=std)
+    source = dict(random_samples=random_samples, size=size, mean=mean, std=std, layout=layout)
     if equalize:
         model = equalized(model, calibration_data, backend=backend, **source)
     calibration = calibrate(model, calibration_data, limit=limit, backend=backend, progress=progress,

@@ -113,13 +113,15 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
               limit: int | None = None, backend: str | None = None, bins: int = DEFAULT_BINS,
               progress: bool = False, size: Sequence[int] | None = None,
               mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-              hold_out: bool = False) -> Calibration:
+              hold_out: bool = False, layout: str | None = None) -> Calibration:
     """Run the float model over ``data`` (samples, a folder, or None with ``random_samples``)
     and keep one histogram per float activation. ``limit`` caps the number of batches. With
     ``hold_out``, every ``HOLD_OUT_EVERY``-th sample is kept apart for the quality guard, unless
-    the data is known to hold fewer than ``MIN_FOR_HOLD_OUT`` samples (then every one calibrates)."""
+    the data is known to hold fewer than ``MIN_FOR_HOLD_OUT`` samples (then every one calibrates).
+    Images are resized to ``size``, normalized by ``mean``/``std`` and laid out as ``layout``
+    ("NCHW" or "NHWC"; default: guessed from where the input has 3 channels)."""
     graph = prepare_graph(_graph_of(model))
-    feeds = open_source(data, graph, size=size, mean=mean, std=std, random_samples=random_samples)
+    feeds = open_source(data, graph, size=size, mean=mean, std=std, random_samples=random_samples, layout=layout)
     known = sample_count(data, random_samples)
     total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
     counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT), keep_first=hold_out)

@@ -189,3 +189,35 @@ def test_quantize_command_min_sqnr_says_what_stayed_float(files, tmp_path):
     refused = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--mode", "dynamic", "--min-sqnr", "30",
                                                     "-o", str(tmp_path / "d.eim")])
     assert refused.exit_code != 0 and refused.output.count("\n") == 1
+
+
+def test_quantize_command_calibrates_images_in_the_layout_given(tmp_path):
+    """An NHWC input of 3 rows looks NCHW to the guess ([1, 3, 8, 3]); --layout NHWC makes the
+    images calibrate as the model reads them: the same model as ei.quantize on those arrays."""
+    import cv2
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeinfer.quantize.data import image_array
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((4, 3, 1, 1)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+                               helper.make_node("Conv", ["t", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])],
+                              "nhwc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 8])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "nhwc.onnx")
+    images = tmp_path / "images"
+    images.mkdir()
+    for index in range(4):
+        cv2.imwrite(str(images / f"{index}.png"), rng.integers(0, 256, (3, 8, 3), dtype=np.uint8))
+    out = tmp_path / "q.eim"
+    result = CliRunner().invoke(quantize_command, [str(tmp_path / "nhwc.onnx"), "--calib", str(images),
+                                                   "--layout", "NHWC", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    model = ei.convert(str(tmp_path / "nhwc.onnx"))
+    value = model.graph.inputs[0]
+    samples = [{"x": image_array(images / f"{i}.png", value, layout="NHWC")} for i in range(4)]
+    assert samples[0]["x"].shape == (1, 3, 8, 3)
+    expected = ei.quantize(model, samples)
+    feeds = {"x": rng.standard_normal((1, 3, 8, 3)).astype(np.float32)}
+    np.testing.assert_array_equal(ei.Session(ei.load(out)).run(feeds)["y"], ei.Session(expected).run(feeds)["y"])
