@@ -147,6 +147,10 @@ def choice_lines(session) -> list[str]:
             lines.append(f"auto: chose {winner} (measured earlier on this machine; cached)")
         else:
             lines.append(f"auto: chose {winner}{_margin(winner, choice.median_ms)}")
+        if choice.reason:
+            lines.append(f"auto: {winner}: {choice.reason}")
+        if choice.native_note:
+            lines.append(f"auto: native engine: {choice.native_note}")
         lines += [f"auto: skipped {label}: {why}" for label, why in choice.skipped.items()]
     if session.executor_ms:
         lines.append(f"auto: executor {session.executor}{_margin(session.executor, session.executor_ms)}")
@@ -160,6 +164,8 @@ def _margin(winner: str, medians: dict[str, float]) -> str:
     if not others:
         return f", {medians[winner]:.3g} ms median (the only candidate timed)"
     runner_up_ms, runner_up = others[0]
+    if runner_up_ms < medians[winner]:  # auto kept the native engine within its margin
+        return f", {medians[winner]:.3g} ms median against {runner_up_ms:.3g} ms for {runner_up}"
     return (f", {medians[winner]:.3g} ms median: {runner_up_ms / medians[winner]:.2f}x faster than "
             f"{runner_up} ({runner_up_ms:.3g} ms)")
 

@@ -7,7 +7,17 @@ partitioned and compiled, then timed on feeds of one shape signature (the model'
 when they are static, else the caller's ``example_feeds`` or the first real request of that
 signature: never guessed dims) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
 them alike and no engine is timed beside another's spinning threads; the lowest median wins. A candidate more than 3x slower than the best after a
-first short round is dropped early (numpy on a big convolutional net).
+first short round is dropped early (numpy on a big convolutional net; never the native engine, below).
+
+The native engine: a model converted from a file remembers its format
+(``metadata["source_format"]``), and the engine that runs such files (LiteRT for ``.tflite``,
+onnxruntime for ``.onnx``, torch for TorchScript, ``.pt2`` and modules; ``NATIVE_ENGINES``) is
+always a candidate. When it takes the whole graph it runs an export equivalent to the file the
+user had (the tflite backend's export of an imported ``.tflite`` has the original's operators),
+so it is kept unless another candidate is faster by more than ``NATIVE_MARGIN`` (5%), measured
+in the same interleaved blocks (``decide``): ``auto`` never ends up slower than the engine the
+user already had for a difference that is within timing noise. A native engine that leaves
+nodes to numpy is timed as any other candidate (``AutoChoice.native_note`` says why).
 
 A candidate that fails to compile or to run is dropped with its reason. The choice is cached
 in a small JSON file keyed by the model's content hash, the shape signature, the device, the
@@ -48,6 +58,9 @@ _TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
 _DROP_FACTOR = 3.0
 _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
 _WARM_S = 0.2  # untimed calls per candidate before timing, at most (a big model stops at one)
+NATIVE_MARGIN = 0.05  # another candidate must be this much faster than the native engine on the whole graph
+NATIVE_ENGINES = {"tflite": "tflite", "onnx": "onnxruntime", "pytorch": "torch"}  # source_format -> backend
+RULE = "native-kept-within-5%"  # how the winner is picked; in the cache key, so older choices are measured again
 
 
 @dataclass
@@ -57,8 +70,72 @@ class AutoChoice:
     skipped: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not timed
     cached: bool = False
     key: str = ""
+    native: str | None = None  # the candidate that is the native engine on the whole graph, if one ran
+    native_note: str = ""  # why the native engine is no whole-graph candidate, where it is not
+    reason: str = ""  # why the winner won (fastest, or the native engine kept within the margin)
     # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
     prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        """The winner and why, then every candidate with its median (the native one marked) or
+        why it was not timed."""
+        lines = [f"auto: {','.join(self.backends)}" + (" (cached)" if self.cached else "")
+                 + (f": {self.reason}" if self.reason else "")]
+        if self.native_note:
+            lines.append(f"  native engine: {self.native_note}")
+        winner = ",".join(self.backends)
+        for label, ms in sorted(self.median_ms.items(), key=lambda item: item[1]):
+            marks = [m for m, on in (("native engine, whole graph", label == self.native),
+                                     ("chosen", label == winner)) if on]
+            lines.append(f"  {label}: {ms:.3g} ms" + (f" ({'; '.join(marks)})" if marks else ""))
+        lines += [f"  {label}: not timed: {why}" for label, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def native_engine(model: Model) -> str | None:
+    """The backend that runs the model's source format natively (None: unknown or none)."""
+    return NATIVE_ENGINES.get(model.metadata.get("source_format", ""))
+
+
+def decide(medians: Mapping[str, float], native: str | None = None,
+           margin: float = NATIVE_MARGIN) -> tuple[str, str]:
+    """The winner of ``medians`` (candidate -> median, one set of interleaved blocks) and why:
+    the fastest, except that ``native`` (the native engine on the whole graph) is kept unless
+    the fastest is more than ``margin`` faster than it."""
+    fastest = min(medians, key=medians.get)
+    if native is None or native not in medians or native == fastest:
+        why = "the native engine, fastest" if native == fastest else "fastest"
+        return fastest, why
+    ratio = medians[native] / medians[fastest] if medians[fastest] > 0 else float("inf")
+    if ratio > 1 + margin:
+        return fastest, (f"fastest, {ratio:.2f}x faster than the native engine {native} "
+                         f"(over the {margin:.0%} margin)")
+    return native, (f"the native engine, kept: {fastest} is only {ratio:.3f}x faster "
+                    f"(within the {margin:.0%} margin)")
+
+
+def _decisive_pair(medians: Mapping[str, float], native: str | None) -> tuple[str, str] | None:
+    """The two candidates to time again before deciding, when their medians sit near the bar that
+    separates them (the fastest vs the native one at ``1 + NATIVE_MARGIN``, else the two leaders at 1)."""
+    ranked = sorted(medians, key=medians.get)
+    if len(ranked) < 2:
+        return None
+    if native in medians:
+        if ranked[0] == native:
+            return None
+        ratio, bar, pair = medians[native] / max(medians[ranked[0]], 1e-12), 1 + NATIVE_MARGIN, (ranked[0], native)
+    else:
+        ratio, bar, pair = medians[ranked[1]] / max(medians[ranked[0]], 1e-12), 1.0, (ranked[0], ranked[1])
+    return pair if bar / _CLOSE <= ratio < bar * _CLOSE else None
+
+
+def _native_first(lists: list[list[str]], native: str | None) -> list[list[str]]:
+    """``lists`` with the native engine's candidate first (added if absent): it is never skipped as
+    placing its nodes as an earlier candidate does."""
+    if native is None:
+        return lists
+    mine = [native, "numpy"] if native != "numpy" else ["numpy"]
+    return [mine, *(names for names in lists if names != mine)]
 
 
 def candidates(installed: list[str]) -> list[list[str]]:
@@ -82,7 +159,8 @@ def _versions() -> dict[str, str]:
 
 def cache_key(model: Model, *, threads: int | None, device: str, fallback: bool,
               options: Mapping[str, Any], signature: Any = "static") -> str:
-    facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads,
+    facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads, "rule": RULE,
+             "native": native_engine(model),
              "device": device, "fallback": fallback,
              "options": repr(sorted((k, sorted(dict(v).items())) for k, v in options.items())),
              "versions": _versions(), "machine": platform.machine(), "cpus": os.cpu_count(),
@@ -113,14 +191,20 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _cached_choice(entry: Any, installed: list[str]) -> list[str] | None:
+def _cached_choice(entry: Any, installed: list[str], key: str) -> AutoChoice | None:
     if not isinstance(entry, dict):
         return None
     names = entry.get("backends")
     if not isinstance(names, list) or not names or \
             not all(isinstance(n, str) and n.partition("@")[0] in installed for n in names):  # "torch@cuda:0"
         return None
-    return names
+    medians = entry.get("median_ms")
+    medians = {k: float(v) for k, v in medians.items() if isinstance(v, (int, float))} \
+        if isinstance(medians, dict) else {}
+    native, reason = entry.get("native"), entry.get("reason")
+    return AutoChoice(names, median_ms=medians, cached=True, key=key,
+                      native=native if isinstance(native, str) else None,
+                      reason=reason if isinstance(reason, str) else "")
 
 
 def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | None, device: str, fallback: bool,
@@ -134,12 +218,13 @@ def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | No
     folder = cache_dir(cache)
     path = folder / CACHE_FILE if folder is not None else None
     if path is not None:
-        hit = _cached_choice(_read_cache(path).get(key), installed)
+        hit = _cached_choice(_read_cache(path).get(key), installed, key)
         if hit is not None:
-            return AutoChoice(hit, cached=True, key=key)
+            return hit
+    native = native_engine(model)
     lists = candidates(installed) + accelerator_candidates(installed, device, options)
     choice = measure(model, lists, feeds, threads=threads, device=device, fallback=fallback,
-                     options=options)
+                     options=options, native=native if native in installed else None)
     choice.key = key
     if path is not None:
         _write_cache(path, key, choice)
@@ -150,7 +235,8 @@ def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_cache(path)
-        data[key] = {"backends": choice.backends, "median_ms": choice.median_ms}
+        data[key] = {"backends": choice.backends, "median_ms": choice.median_ms, "native": choice.native,
+                     "reason": choice.reason}
         atomic_write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except (OSError, EdgeInferError) as exc:  # a cache that cannot be written only costs time later
         log.warning("auto backend cache %s could not be written: %s", path, exc)
@@ -166,12 +252,16 @@ def _warm(run: Callable[[], Any], calls: int = 20, seconds: float = _WARM_S) -> 
 
 
 def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
-            fallback: bool, options: Mapping[str, Mapping[str, Any]]) -> AutoChoice:
-    """Compile every candidate priority list, time them interleaved on ``feeds``, return the
-    fastest (with its compiled runner in ``prepared``: the caller owns and closes it)."""
+            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None) -> AutoChoice:
+    """Compile every candidate priority list (and ``native``'s, the engine of the model's source
+    format, first), time them interleaved on ``feeds``, return the winner by ``decide`` (with its
+    compiled runner in ``prepared``: the caller owns and closes it)."""
     from edgeinfer.scheduler import build_executor, make_backends, make_plan
 
     feeds = dict(feeds)
+    lists = _native_first(lists, native)
+    native_label = ",".join(lists[0]) if native is not None else None
+    native_note = ""
     runners: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     label_of: dict[str, list[str]] = {}
@@ -187,6 +277,11 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
             plan = make_plan(model.graph, backends)
             on = {b.name: b.device for b in backends}  # torch on the CPU and on the GPU differ
             placement = tuple((part.backend, on[part.backend], tuple(part.nodes)) for part in plan.parts)
+            if label == native_label and any(part.backend != native for part in plan.parts):
+                counts = plan.node_counts()
+                native_note = (f"{native} takes {counts.get(native, 0)} of {sum(counts.values())} nodes, not the "
+                               "whole graph: timed as any other candidate")
+                native_label = None
             if placement in placements:
                 skipped[label] = f"places every node as {placements[placement]!r} does"
                 continue
@@ -199,14 +294,20 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
             skipped[label] = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:300]
             continue
         runners[label], label_of[label], built[label] = runner, names, (backends, plan)
+    if native_label is not None and native_label not in runners:
+        native_note = f"{native} could not run the model: {skipped.get(native_label, '')}"
+        native_label = None
+    if native_label is not None:
+        progress.info("native engine %s takes the whole graph: kept unless another is over %.0f%% faster",
+                      native, NATIVE_MARGIN * 100)
     if not runners:
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
     for runner in runners.values():  # a fresh engine is slower for its first calls (allocation, JIT kernels)
         _warm(lambda r=runner: r.run(feeds))
     first = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=5, warmup=2)
     best = min(statistics.median(t) for t in first.values())
-    for label, times in first.items():
-        if statistics.median(times) > _DROP_FACTOR * best and len(runners) > 1:
+    for label, times in first.items():  # the native engine is never dropped on a first short round's noise
+        if statistics.median(times) > _DROP_FACTOR * best and len(runners) > 1 and label != native_label:
             skipped[label] = f"{statistics.median(times) * 1000:.2f} ms in the first rounds, over " \
                              f"{_DROP_FACTOR}x the best"
             runners.pop(label).close()
@@ -215,20 +316,20 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     per_call = sum(statistics.median(first[label]) for label in runners)
     calls = int(max(10, min(60, _TIME_BUDGET_S / max(per_call, 1e-6))))
     times = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=calls)
-    ranked = sorted(times, key=lambda label: statistics.median(times[label]))
-    if len(ranked) > 1 and statistics.median(times[ranked[1]]) < _CLOSE * statistics.median(times[ranked[0]]):
-        # a near tie: time the two leaders again, so noise does not pick the slower one
-        again = time_engines({label: (lambda r=runners[label]: r.run(feeds)) for label in ranked[:2]}, calls=calls)
+    pair = _decisive_pair({label: statistics.median(t) for label, t in times.items()}, native_label)
+    if pair is not None:
+        # near the bar between the two that decide: time them again, so noise does not decide
+        again = time_engines({label: (lambda r=runners[label]: r.run(feeds)) for label in pair}, calls=calls)
         for label, samples in again.items():
             times[label].extend(samples)
     medians = {label: statistics.median(t) * 1000 for label, t in times.items()}
-    winner = min(medians, key=medians.get)
+    winner, reason = decide(medians, native_label)
     for label, runner in runners.items():
         if label != winner:
             runner.close()
-    log.info("backend='auto' timings (median ms): %s -> %s", medians, winner)
-    return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped,
-                      prepared=(*built[winner], runners[winner]))
+    log.info("backend='auto' timings (median ms): %s -> %s (%s)", medians, winner, reason)
+    return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped, native=native_label,
+                      native_note=native_note, reason=reason, prepared=(*built[winner], runners[winner]))
 
 
 def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, threads: int | None,

@@ -32,7 +32,8 @@ def test_auto_measures_then_reuses_its_cached_choice(model, tmp_path, monkeypatc
     assert not choice.cached and choice.median_ms
     timed = set(choice.median_ms) | set(choice.skipped)
     assert {",".join(c) for c in auto.candidates(installed_backends())} == timed
-    assert choice.backends == min(choice.median_ms, key=choice.median_ms.get).split(",")
+    assert choice.backends == auto.decide(choice.median_ms, choice.native)[0].split(",")
+    assert choice.native == "onnxruntime,numpy"  # converted from ONNX: its native engine
     assert_close(first.run(feeds)["logits"], reference["logits"], rtol=1e-4, atol=1e-5)
     stored = json.loads((tmp_path / auto.CACHE_FILE).read_text())
     assert stored[choice.key]["backends"] == choice.backends
