@@ -20,14 +20,25 @@ them. The rules, with ``T_p`` a Transpose by permutation ``p`` and ``p^-1`` its 
 
 Each push moves a transpose towards the outputs without adding one, so rewriting terminates,
 and a pair that meets is removed.
+
+A transpose read by several nodes (the input of a squeeze-and-excitation block feeds both its
+pooling and its scaling ``Mul``) is pushed only where every reader takes it (each one matches a
+rule above with it, or is a Transpose it composes with): it then stays for the readers not yet
+rewritten, one per sweep, and is dead once all are. That can leave one transpose below each
+reader, so the pass runs the single-reader rules to their end first, then the shared pushes,
+and keeps their result only when it holds fewer Transposes (in MediaPipe's landscape selfie
+segmenter, 41 became 2: the NHWC input's and output's, which an NCHW graph needs).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from edgeinfer.ir import Node, Value
-from edgeinfer.passes.rules import GraphView, Match, Rewrite, Rule, rule_pass
+from edgeinfer.ir import Graph, Node, Value
+from edgeinfer.passes.manager import PassResult, graph_pass
+from edgeinfer.passes.rules import GraphView, Match, Rewrite, Rule, apply_rules
 
 UNARY = frozenset({
     "Relu", "Clip", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Floor", "Ceil", "Round",
@@ -242,4 +253,58 @@ RULES = [
     Rule("transpose_through_pad", ("Pad",), _match_pad, _rewrite_pad),
 ]
 
-cancel_transposes = rule_pass("cancel_transposes", 1, RULES)
+_MATCH_OF = {op: rule.match for rule in RULES for op in rule.root}
+
+
+def _takes(view: GraphView, reader: Node, transpose: Node) -> bool:
+    """Whether ``reader`` matches a layout rule that consumes ``transpose`` (single-reader match)."""
+    match = _MATCH_OF.get(reader.op_type) if not reader.domain else None
+    found = match(view, reader) if match is not None else None
+    return found is not None and any(n is transpose for n in (*found.nodes, *found.anchors))
+
+
+def _shared(match: Callable[[GraphView, Node], Match | None]) -> Callable[[GraphView, Node], Match | None]:
+    """``match``, where a transpose with other readers that all take it is kept (an anchor)
+    rather than removed with the pattern."""
+
+    def shared_match(view: GraphView, node: Node) -> Match | None:
+        found = match(view, node)
+        if found is None:
+            return None
+        kept = []
+        for member in found.nodes[:-1]:
+            out = member.outputs[0]
+            if member.op_type == "Transpose" and not view.single_use(out) and not view.is_output(out) \
+                    and all(_takes(view, reader, member) for reader in view.consumers(out)):
+                kept.append(member)
+        if not kept:
+            return None  # the single-reader rules have had their chance at this one
+        return Match(tuple(n for n in found.nodes if all(n is not k for k in kept)), found.captures,
+                     (*found.anchors, *kept))
+
+    return shared_match
+
+
+SHARED_RULES = [Rule(f"{rule.name}_shared", rule.root, _shared(rule.match), rule.rewrite)
+                for rule in RULES if rule.name != "transpose_pair"]  # a pair keeps its first as an anchor already
+
+
+def _transposes(graph: Graph) -> int:
+    from edgeinfer.passes.cleanup import eliminate_dead_nodes
+
+    return sum(node.op_type == "Transpose" for node in eliminate_dead_nodes(graph).graph.nodes)
+
+
+@graph_pass("cancel_transposes", 1)
+def cancel_transposes(graph: Graph, level: int = 1) -> PassResult:
+    result = apply_rules(graph, RULES, level)
+    shared = apply_rules(result.graph, [*RULES, *SHARED_RULES], level)
+    if shared.modified and _transposes(shared.graph) < _transposes(result.graph):
+        fired = dict(result.fired)
+        for name, count in shared.fired.items():
+            fired[name] = fired.get(name, 0) + count
+        return PassResult(shared.graph, True, fired)
+    return result
+
+
+cancel_transposes.rules = tuple(RULES)  # type: ignore[attr-defined]  (explain() lists their refusals)

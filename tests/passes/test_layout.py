@@ -101,6 +101,7 @@ def test_reduce_keeping_dims_moves_the_transpose_below():
 
 
 def test_transpose_with_another_consumer_stays():
+    # both readers could take it, but nothing below cancels: pushing would leave two transposes
     source = HEAD + f"""
         g (float[1, 2, 3, 4] x) => (float[1, 3, 4, 2] y, float[1, 3, 4, 2] z) {{
             t = Transpose{TO_NHWC}(x)
@@ -159,3 +160,24 @@ def test_channel_pad_and_prelu_of_nhwc_move_below_and_cancel(rng):
     done = check_rewrite(source, "cancel_transposes", nodes_after=3,  # Pad, PRelu, Identity
                          fired={"transpose_through_pad": 1, "transpose_through_elementwise": 1, "transpose_pair": 1})
     assert "Transpose" not in ops(done.after)
+
+
+def test_a_transpose_with_several_readers_that_all_take_it_sinks_and_cancels(rng):
+    # A squeeze-and-excitation block of NHWC (MediaPipe's landscape selfie segmenter): the
+    # transposed activation feeds both the pooling and the scaling Mul.
+    source = HEAD + f"""
+        g (float[1, 4, 3, 3] x) => (float[1, 4, 3, 3] y) <float[4, 4, 1, 1] w = {floats(rng, 4, 4, 1, 1)}> {{
+            t = Transpose{TO_NHWC}(x)
+            pooled = ReduceMean<axes = [1, 2], keepdims = 1>(t)
+            back = Transpose{TO_NCHW}(pooled)
+            excite = Conv(back, w)
+            gate = Sigmoid(excite)
+            gate_nhwc = Transpose{TO_NHWC}(gate)
+            scaled = Mul(t, gate_nhwc)
+            y = Transpose{TO_NCHW}(scaled)
+        }}"""
+    done = check_rewrite(source, "cancel_transposes", nodes_after=6,  # ReduceMean, Conv, Sigmoid, Mul, 2 Identity
+                         fired={"transpose_through_reduce_shared": 1, "transpose_through_elementwise": 1,
+                                "transpose_pair": 2})
+    assert "Transpose" not in ops(done.after)
+
