@@ -20,7 +20,7 @@ corpus cache (``tests/real/corpus.py``; fetched with ``pip download --no-deps`` 
 
 Usage::
 
-    python benchmarks/bench_real.py [--only rapidocr silero] [--runs 10] [--threads 2]
+    python benchmarks/bench_real.py [--only rapidocr silero] [--runs 10] [--threads 2] [--backends tflite openvino]
         [--warmup 2] [--out docs/real_models.md | --no-write] [--json results.json]
 """
 
@@ -237,19 +237,29 @@ The tests hold every error to 1e-4 of the output's magnitude plus an absolute fl
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="+", default=[], help="keep entries whose id contains one of these")
+    parser.add_argument("--only", nargs="+", default=[],
+                        help="keep entries whose id contains one of these (a whole id: that entry only)")
     parser.add_argument("--runs", type=int, default=10, help="timed calls per contender (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per contender first (default 2)")
     parser.add_argument("--threads", type=int, default=2, help="threads per contender (default 2)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "real_models.md")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--backends", nargs="+", help="time only these backends besides auto and native "
+                        "(default: every installed one)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.runs < 1 or args.threads < 1 or args.warmup < 0:
         parser.error("--runs and --threads must be positive, --warmup not negative")
-    entries = [m for m in MODELS if not args.only or any(word in m.id for word in args.only)]
+    ids = {m.id for m in MODELS}  # a word that is a whole id keeps that entry only (nudenet/320n, not its _static)
+    entries = [m for m in MODELS if not args.only
+               or any(word == m.id if word in ids else word in m.id for word in args.only)]
     backends = installed_backends()
+    if args.backends:
+        unknown = sorted(set(args.backends) - set(backends))
+        if unknown:
+            parser.error(f"--backends {unknown}: expected installed backends among {backends}")
+        backends = [b for b in backends if b in args.backends]
     rows = []
     for entry in entries:
         print(f"{entry.id} ...", file=sys.stderr, flush=True)

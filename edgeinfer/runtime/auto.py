@@ -6,7 +6,7 @@ a GPU, torch on it alone and beside a CPU engine (``auto_gpu``). Each candidate 
 partitioned and compiled, then timed on feeds of one shape signature (the model's own shapes
 when they are static, else the caller's ``example_feeds`` or the first real request of that
 signature: never guessed dims) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
-them alike and no engine is timed beside another's spinning threads; the lowest median wins. A candidate more than 3x slower than the best after a
+them alike and no engine is timed beside another's spinning threads; the lowest median wins (the native engine excepted, below). A candidate more than 3x slower than the best after a
 first short round is dropped early (numpy on a big convolutional net; never the native engine, below).
 
 The native engine: a model converted from a file remembers its format
