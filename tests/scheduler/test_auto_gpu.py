@@ -135,6 +135,7 @@ def test_a_cached_choice_on_the_accelerator_is_reused(model, feeds, monkeypatch,
     monkeypatch.setattr(auto_gpu, "accelerator", lambda: "cpu")
     monkeypatch.setattr(auto, "accelerator", lambda: "cpu")
     monkeypatch.setattr(auto, "candidates", lambda installed: [])  # only the accelerator candidates
+    monkeypatch.setattr(auto, "native_engine", lambda model: None)  # (not the ONNX model's onnxruntime either)
     first = ei.Session(model, backend="auto", cache=tmp_path)
     assert first.auto_choice.backends[0] == "torch@cpu"
     second = ei.Session(model, backend="auto", cache=tmp_path)
