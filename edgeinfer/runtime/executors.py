@@ -297,10 +297,17 @@ class SequentialExecutor(PlanRunner):
         single = self.parts[0] if len(self.parts) == 1 else None
         self._direct = single is not None and set(single.outputs) == set(self.output_names) and \
             set(single.inputs) == set(graph.input_names) and not self.constant_outputs
+        self._same_order = self._direct and list(single.outputs) == list(self.output_names)
 
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._direct:  # one part that is the whole graph: no bookkeeping at all
-            results = self.parts[0].run(feeds)
+            part = self.parts[0]
+            if len(feeds) == len(part.inputs):  # exactly its inputs (checked feeds): no copy
+                results = part.call(feeds)
+            else:
+                results = part.run(feeds)
+            if self._same_order and len(results) == len(self.output_names):
+                return results
             return {name: results[name] for name in self.output_names}
         env = dict(feeds)
         if not self.resident:

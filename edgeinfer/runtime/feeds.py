@@ -74,11 +74,33 @@ class FeedChecker:
                           for t in self.inputs if t.shape is not None and dtypes.is_tensor_type(t.dtype)
                           for axis, d in enumerate(t.shape) if not isinstance(d, int)]
         self.static = is_static(self.inputs)
+        self._names = frozenset(self.expected)
+        # per input: name, numpy dtype, declared shape, the shape when every dim is fixed, and
+        # whether it is a container (sequence/optional): looked up once, not per request
+        self._specs = [(t.name, self.np_dtypes[t.name], t.shape,
+                        tuple(t.shape) if t.shape is not None and all(isinstance(d, int) for d in t.shape) else None,
+                        t.dtype is not None and not dtypes.is_tensor_type(t.dtype)) for t in self.inputs]
+        self._symbolic_inputs = tuple(dict.fromkeys(name for name, _, _ in self._symbolic))
+        self._signatures: dict[tuple, Signature] = {}  # the shapes of the symbolic inputs -> signature
+        self._valid_shapes: set[tuple] = set()  # feed shapes (in input order) that passed the shape checks
 
     def signature(self, checked: Mapping[str, Any]) -> Signature:
         """The signature of checked feeds (``check`` has made the symbols consistent)."""
         if not self._symbolic:
             return STATIC
+        try:
+            key = tuple(checked[name].shape for name in self._symbolic_inputs)
+        except AttributeError:  # a container input: no memo
+            return self._signature(checked)
+        found = self._signatures.get(key)
+        if found is None:
+            found = self._signature(checked)
+            if len(self._signatures) >= 256:  # many shapes: start over rather than grow
+                self._signatures.clear()
+            self._signatures[key] = found
+        return found
+
+    def _signature(self, checked: Mapping[str, Any]) -> Signature:
         bound: dict[str, int | str] = {}
         for name, axis, symbol in self._symbolic:
             value = checked[name]
@@ -92,27 +114,36 @@ class FeedChecker:
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds: expected a dict of input name -> array, got {type(feeds).__name__}")
         expected = self.expected
-        unknown = [k for k in feeds if k not in expected]
-        missing = [k for k in expected if k not in feeds]
-        if unknown or missing:
+        if feeds.keys() != self._names:
+            unknown = [k for k in feeds if k not in expected]
+            missing = [k for k in expected if k not in feeds]
             raise InputError(f"feeds: expected inputs {list(expected)}, got {list(feeds)}"
                              + (f" (unknown: {unknown})" if unknown else "")
                              + (f" (missing: {missing})" if missing else ""))
-        bound: dict[str, tuple[int, str]] = {}
         checked = {}
-        for name, info in expected.items():
+        shapes = []
+        for name, want, _, _, container in self._specs:
             array = feeds[name]
-            if info.dtype is not None and not dtypes.is_tensor_type(info.dtype):
-                checked[name] = _check_container(name, info.dtype, array)
+            if container:
+                checked[name] = _check_container(name, expected[name].dtype, array)
+                shapes.append(None)
                 continue
-            if not isinstance(array, np.ndarray):
+            if type(array) is not np.ndarray:
                 array = np.asarray(array)
-            want = self.np_dtypes[name]
             if want is not None and array.dtype != want and not (want.kind == "O" and array.dtype.kind in "OUS"):
-                raise InputError(f"input {name!r}: expected dtype {info.dtype}, got {array.dtype}")
-            if info.shape is not None:
-                _check_shape(name, info.shape, array.shape, bound)
+                raise InputError(f"input {name!r}: expected dtype {expected[name].dtype}, got {array.dtype}")
             checked[name] = array
+            shapes.append(array.shape)
+        key = tuple(shapes)
+        if key not in self._valid_shapes:  # shapes seen before passed already: nothing to check again
+            bound: dict[str, tuple[int, str]] = {}
+            for (name, _, shape, fixed, container), got in zip(self._specs, shapes):
+                if container or shape is None or got == fixed:
+                    continue
+                _check_shape(name, shape, got, bound)  # raises, saying how it differs
+            if len(self._valid_shapes) >= 256:
+                self._valid_shapes.clear()
+            self._valid_shapes.add(key)
         return checked
 
 

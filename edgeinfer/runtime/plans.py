@@ -149,9 +149,8 @@ class PlanCache:
             raise SchedulerError("plan cache closed while a plan was being built")
         return value
 
-    @contextmanager
-    def lease(self, key: Hashable, build: Callable[[], Any]):
-        """``with cache.lease(key, build) as value``: the entry, kept open while in use."""
+    def acquire(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """The entry for ``key``, acquired: the caller must ``release()`` it when done."""
         while True:
             value = self.get(key, build)
             try:
@@ -160,7 +159,12 @@ class PlanCache:
                 if self._closed:
                     raise
                 continue
-            break
+            return value
+
+    @contextmanager
+    def lease(self, key: Hashable, build: Callable[[], Any]):
+        """``with cache.lease(key, build) as value``: the entry, kept open while in use."""
+        value = self.acquire(key, build)
         try:
             yield value
         finally:

@@ -250,8 +250,13 @@ class Session:
         single = self._single
         if single is not None:
             return single.run(checked)
-        with self._lease(checked) as plan:
+        signature = self._checker.signature(checked)
+        plan = self.plan_cache.acquire(signature, self._build(signature, checked))  # held open while it runs
+        try:
+            self._current = plan
             return plan.run(checked)
+        finally:
+            plan.release()
 
     def run_async(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> Future:
         """Start a run and return a ``concurrent.futures.Future`` of its outputs. Feeds are checked

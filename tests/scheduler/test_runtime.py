@@ -276,3 +276,25 @@ def test_a_named_backend_that_takes_nothing_says_so():
         ei.Session(model, backend="numpy")  # the reference named alone: nothing to say
         float32 = ei.Session(ei.convert(zoo.mlp_symbolic_batch(seed=1)), backend=[_Float32Only(), "numpy"])
         assert {p.backend for p in float32.plan.parts} == {"faulty"}  # it took the nodes: nothing to say
+
+
+def test_feed_checks_remember_only_shapes_that_passed():
+    """The checker skips the shape checks for feed shapes it has passed before; a bad shape is
+    refused every time, before and after good ones, and the signature follows the shapes."""
+    from edgeinfer.model import TensorInfo
+    from edgeinfer.runtime.feeds import FeedChecker
+
+    checker = FeedChecker([TensorInfo("a", "float32", ("N", 4)), TensorInfo("b", "float32", (2, "N"))])
+    good = {"a": np.zeros((3, 4), np.float32), "b": np.zeros((2, 3), np.float32)}
+    clash = {"a": np.zeros((3, 4), np.float32), "b": np.zeros((2, 5), np.float32)}
+    wide = {"a": np.zeros((3, 5), np.float32), "b": np.zeros((2, 3), np.float32)}
+    for _ in range(2):
+        with pytest.raises(InputError, match="symbol 'N' = 5"):
+            checker.check(clash)
+        with pytest.raises(InputError, match="dim 1 must be 4"):
+            checker.check(wide)
+        assert checker.signature(checker.check(good)) == Signature((("N", 3),))
+    other = {"a": np.zeros((7, 4), np.float32), "b": np.zeros((2, 7), np.float32)}
+    assert str(checker.signature(checker.check(other))) == "N=7"
+    with pytest.raises(InputError, match="expected dtype float32"):
+        checker.check({"a": good["a"].astype(np.float64), "b": good["b"]})
