@@ -70,14 +70,17 @@ class PlanningCancelled(SchedulerError):
 
 
 class _Borrowed:
-    """The compiled plan's own runner serving as a stage (the whole graph, all its threads): a
-    stream starts on it without compiling anything; the compiled plan owns it, so closing the
-    stage leaves it open."""
+    """The compiled plan's own runner serving as a stage (the whole graph, all its threads; the
+    planner's sequential candidate): the compiled plan owns it, so closing the stage leaves it
+    open, and it follows the runner a re-partition puts in place."""
 
     def __init__(self, compiled: CompiledPlan):
         self._compiled = compiled
         self.graph = compiled.graph
-        self.parts = compiled.runner.parts
+
+    @property
+    def parts(self) -> list:
+        return self._compiled.runner.parts
 
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         return self._compiled.runner.run(feeds)
@@ -255,28 +258,31 @@ def _workers(compiled: CompiledPlan, workers: int | None) -> int:
     return workers or compiled.threads or os.cpu_count() or 1
 
 
+def _whole_graph(compiled: CompiledPlan, runner: Any) -> Stage:
+    """The whole graph as one stage run by ``runner``."""
+    graph = compiled.graph
+    return Stage(range(0, len(graph.nodes)), [runner], frozenset(graph.output_names), graph,
+                 list(compiled.plan.assignment.backends))
+
+
 def _sequential(compiled: CompiledPlan) -> Stage:
     """The whole graph on the compiled plan's own runner (borrowed, with all its threads)."""
-    graph = compiled.graph
-    return Stage(range(0, len(graph.nodes)), [_Borrowed(compiled)], frozenset(graph.output_names), graph,
-                 list(compiled.plan.assignment.backends))
+    return _whole_graph(compiled, _Borrowed(compiled))
 
 
 def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
     """What a stream serves while the planner measures: replicas of the whole graph, one
-    single-threaded copy per worker (``replica_plan``). Measured in interleaved rounds on a
-    200-request first stream (2 cores), these served 1.0-1.25x what the compiled plan's own
-    runner did, whether called by one worker or by two at once, and better than starting on
-    that runner and switching once copies compiled beside the stream (their compile holds the
-    GIL while the stream runs)."""
+    single-threaded copy per worker (``replica_plan``). In ad hoc trials on 2 cores these beat
+    the compiled plan's own runner (called by one worker or two) on a 200-request first
+    stream, and beat starting on that runner while copies compiled beside it (the compile
+    holds the GIL while the stream runs); ``benchmarks/bench_runtime.py`` measures the result."""
     return replica_plan(compiled, feeds, workers=workers)
 
 
 def replica_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
     """Replicas of the whole graph, one single-threaded copy per worker (as two 1-thread
     onnxruntime sessions would), each run once on ``feeds`` so that its first request is not
-    slow; the compiled plan's own parts compiled again, not a re-partitioned copy (45 ms for a
-    light MobileNetV2 on onnxruntime)."""
+    slow; the compiled plan's own parts compiled again, not a re-partitioned copy."""
     graph = compiled.graph
     count = _workers(compiled, workers)
     if compiled.runner is None:  # Ray: the driver has no compiled parts to copy
@@ -285,8 +291,7 @@ def replica_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: i
         return StagePlan(stages, [count], [0.0], 1, graph.output_names, kind="default")
     # the compiled plan's own parts, compiled again single-threaded (no re-partition of a copy)
     runner = SequentialExecutor(graph, compile_parts(compiled.plan, compiled.backends, threads=1, busy_wait=False))
-    stages = [Stage(range(0, len(graph.nodes)), [runner], frozenset(graph.output_names), graph,
-                    list(compiled.plan.assignment.backends))]
+    stages = [_whole_graph(compiled, runner)]
     try:
         stages[0].replicate(count)
         for replica in range(count):
