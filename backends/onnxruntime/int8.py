@@ -197,7 +197,7 @@ def exact_weights(graph: Graph, *, int8_activations: bool = False) -> tuple[Grap
             continue
         w_index, zp_index = WEIGHT_INPUTS[node.op_type]
         zero_name = node.inputs[zp_index] if len(node.inputs) > zp_index else ""
-        zero = _zero_point(graph, zero_name)
+        zero = _zero_point(graph, zero_name, _scale_shape(node, graph, w_index))
         if zero is None:  # a zero point computed at run time: cannot be moved here
             nodes.append(node)
             continue
@@ -225,10 +225,19 @@ def to_uint8(values: np.ndarray) -> np.ndarray:
     return (np.asarray(values, np.int8).astype(np.int16) + 128).astype(np.uint8)
 
 
-def _zero_point(graph: Graph, name: str) -> np.ndarray | None:
-    """The int8 zero point ``name`` (an omitted one is 0), or None where it is not a constant."""
+def _scale_shape(node: Node, graph: Graph, w_index: int) -> tuple[int, ...]:
+    """The shape of the weight's scale (the input after the weight, where the op has one): an
+    omitted zero point becomes zeros of that shape (per-axis scales take per-axis zero points)."""
+    if node.op_type not in ("DequantizeLinear", "QLinearConv", "QLinearMatMul") or len(node.inputs) <= w_index + 1:
+        return ()
+    value = graph.values.get(node.inputs[w_index + 1])
+    return () if value is None or value.const is None else tuple(value.const.shape)
+
+
+def _zero_point(graph: Graph, name: str, shape: tuple[int, ...] = ()) -> np.ndarray | None:
+    """The int8 zero point ``name`` (an omitted one is 0, of ``shape``), or None where it is not a constant."""
     if not name:
-        return np.zeros((), np.int8)
+        return np.zeros(shape, np.int8)
     value = graph.values.get(name)
     if value is None or value.const is None or value.const.dtype != np.int8:
         return None

@@ -6,18 +6,26 @@ Layout (all integers little-endian)::
     0       4     magic b"EIM\\x00"
     4       2     major version (a reader refuses a newer major)
     6       2     minor version (a newer minor only adds fields; a reader ignores them)
-    8       4     flags: bit 0 = the document is zlib-compressed (version 2); no other bit is defined
+    8       4     flags: bit 0 = the document is zlib-compressed (version 2 and 3), bit 1 = it is
+                  xz-compressed (version 3; never both); no other bit is defined
     12      4     reserved (must be 0)
     16      8     stored document length J
     24      8     data section offset D = J + 72 rounded up to a multiple of 64
     32      8     data section length L; the file is exactly D + L bytes
     40      32    SHA-256 of the J stored document bytes
-    72      J     JSON document (UTF-8, zlib-compressed if flag bit 0): version, metadata, tensor
+    72      J     JSON document (UTF-8, compressed as the flags say): version, metadata, tensor
                   table, graph (document.py); at most 256 MiB once decompressed
     72+J    ...   zero padding up to D
     D       L     tensor bytes; zero padding between them
 
-Version 2.0 (written now) aligns a tensor of 64 bytes or more to 64 and packs a smaller one
+Version 3.0 (written now) is version 2.0 plus two things. Its document is xz-compressed up to
+``XZ_MAX_JSON`` bytes of JSON (zlib above, where xz would be slow): a third smaller on INT8
+graphs, whose many Q/DQ nodes make the document a tenth of a small model's file. And a float32
+tensor that is exactly the element-wise product of two others (a quantized bias's scale,
+``x_scale * w_scale``, declared by the quantizer in the graph's ``weight_products`` metadata,
+``edgeinfer.ir.weights``) may be stored as ``{"dtype": "float32", "shape", "product": [i, j]}``:
+the reader multiplies tensors i and j (stored ones, float32, broadcasting to the shape) on load;
+the writer stores it so only when the product gives the same bits. Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
 the large ones; it stores the document compressed and byte-identical tensors once. Version
 1.0 (still read) aligned every tensor to 64, required L to be a multiple of 64 and stored the
@@ -46,6 +54,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import lzma
 import mmap
 import os
 import stat
@@ -69,17 +78,21 @@ from edgeinfer.format.document import (
 )
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.mapped import register_mapped_file
+from edgeinfer.ir.weights import weight_products
 from edgeinfer.model import Model
 from edgeinfer.progress import Step, Steps, steps
 
 MAGIC = b"EIM\x00"
-FORMAT_VERSION = (2, 0)
-READABLE_MINOR = {1: 0, 2: 0}  # major version this reader reads -> the newest minor it knows
+FORMAT_VERSION = (3, 0)
+READABLE_MINOR = {1: 0, 2: 0, 3: 0}  # major version this reader reads -> the newest minor it knows
 FORMAT_NAME = "edgeinfer-model"
 ALIGNMENT = 64
-FLAG_COMPRESSED_DOCUMENT = 1  # version 2: the document is stored zlib-compressed
-_KNOWN_FLAGS = {1: 0, 2: FLAG_COMPRESSED_DOCUMENT}
+FLAG_COMPRESSED_DOCUMENT = 1  # version 2 and 3: the document is stored zlib-compressed
+FLAG_XZ_DOCUMENT = 2  # version 3: the document is stored xz-compressed
+_KNOWN_FLAGS = {1: 0, 2: FLAG_COMPRESSED_DOCUMENT, 3: FLAG_COMPRESSED_DOCUMENT | FLAG_XZ_DOCUMENT}
 COMPRESSION_LEVEL = 6  # zlib's default: level 9 saves under 1% more on these documents, slower
+XZ_MAX_JSON = 4 << 20  # larger documents are zlib-compressed: xz at preset 9 runs about 1 MB/s
+XZ_PRESET = 9
 HEADER = struct.Struct("<4sHHIIQQQ32s")
 HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = limits.MAX_DOCUMENT_BYTES
@@ -120,7 +133,7 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
     table = TensorTable()
     try:
         graph_doc = graph_to_document(model.graph, table)
-        entries, numeric, data_length = _layout(table.arrays)
+        entries, numeric, data_length = _layout(table.arrays, _products(model.graph, graph_doc, table.arrays))
         metadata = metadata_to_document(model.metadata, "model metadata")
     except ModelFormatError as exc:
         raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
@@ -131,9 +144,12 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
     if len(text) > MAX_JSON_BYTES:
         raise ModelFormatError(f"cannot save {os.fspath(path)}: the graph document is {len(text)} bytes, "
                                f"expected at most {MAX_JSON_BYTES} (store large data as numeric tensors)")
-    text = zlib.compress(text, COMPRESSION_LEVEL)
+    if len(text) <= XZ_MAX_JSON:
+        text, flags = lzma.compress(text, lzma.FORMAT_XZ, lzma.CHECK_NONE, XZ_PRESET), FLAG_XZ_DOCUMENT
+    else:
+        text, flags = zlib.compress(text, COMPRESSION_LEVEL), FLAG_COMPRESSED_DOCUMENT
     data_offset = align(HEADER_SIZE + len(text))
-    header = HEADER.pack(MAGIC, *FORMAT_VERSION, FLAG_COMPRESSED_DOCUMENT, 0, len(text), data_offset,
+    header = HEADER.pack(MAGIC, *FORMAT_VERSION, flags, 0, len(text), data_offset,
                          data_length, hashlib.sha256(text).digest())
 
     def write(handle: BinaryIO, step: Step) -> None:
@@ -162,9 +178,36 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
         raise ModelFormatError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
 
 
-def _layout(arrays: list[np.ndarray]) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]], int]:
+def _products(graph: Any, graph_doc: dict[str, Any], arrays: list[np.ndarray]) -> dict[int, tuple[int, int]]:
+    """``{table index: (operand index, operand index)}`` of the declared weight products of the
+    top graph that give the stored bits exactly; an operand is never itself a product."""
+    declared = weight_products(graph.metadata)
+    if not declared:
+        return {}
+    refs = {item["name"]: item["tensor"] for item in graph_doc["initializers"]}
+    found: dict[int, tuple[int, int]] = {}
+    for name, (a, b) in declared.items():
+        if name not in refs or a not in refs or b not in refs or refs[name] in (refs[a], refs[b]):
+            continue
+        target, x, y = arrays[refs[name]], arrays[refs[a]], arrays[refs[b]]
+        if any(t.dtype != np.float32 for t in (target, x, y)):
+            continue
+        try:
+            if np.broadcast_shapes(x.shape, y.shape) != target.shape:
+                continue
+        except ValueError:
+            continue
+        with np.errstate(all="ignore"):
+            product = np.multiply(x, y, dtype=np.float32)
+        if np.array_equal(product.view(np.uint32), np.ascontiguousarray(target).view(np.uint32)):
+            found[refs[name]] = (refs[a], refs[b])
+    return {index: pair for index, pair in found.items() if pair[0] not in found and pair[1] not in found}
+
+
+def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | None = None,
+            ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]], int]:
     """Tensor table entries (in table order), (offset, array) of numeric tensors in file order,
-    and the data section length.
+    and the data section length. ``products`` (from ``_products``) become product entries.
 
     Tensors of 64 bytes or more come first, each at a multiple of 64; the small ones follow,
     packed by decreasing element size so that each lands on a multiple of its own without gaps.
@@ -175,6 +218,9 @@ def _layout(arrays: list[np.ndarray]) -> tuple[list[dict[str, Any]], list[tuple[
         shape = [int(d) for d in array.shape]
         if array.dtype == object or array.dtype.kind in "US":
             entries.append({"dtype": "str", "shape": shape, "strings": _string_items(array, index)})
+            continue
+        if products and index in products:
+            entries.append({"dtype": "float32", "shape": shape, "product": list(products[index])})
             continue
         entries.append({"dtype": dtypes.name_of(array.dtype), "shape": shape, "offset": 0,
                         "nbytes": int(array.size) * array.dtype.itemsize})
@@ -359,22 +405,39 @@ def document_bytes(mapped: mmap.mmap | bytes, header: Header, source: str) -> by
         raise ModelFormatError(f"{source}: JSON checksum mismatch: expected SHA-256 "
                                f"{header.json_sha256.hex()[:16]}..., found {digest.hex()[:16]}...; "
                                "the file is corrupt")
+    if header.flags & FLAG_XZ_DOCUMENT:
+        if header.flags & FLAG_COMPRESSED_DOCUMENT:
+            raise ModelFormatError(f"{source}: header flags {header.flags:#x}: expected one compression "
+                                   "of the document (zlib or xz), found both")
+        return _decompress_xz(raw, source)
     return _decompress(raw, source) if header.flags & FLAG_COMPRESSED_DOCUMENT else raw
 
 
+def _decompress_xz(stored: bytes, source: str) -> bytes:
+    """The xz-compressed document's JSON bytes; at most MAX_JSON_BYTES are ever inflated."""
+    inflater = lzma.LZMADecompressor(lzma.FORMAT_XZ)
+    return _inflate(inflater, stored, source, "xz", lzma.LZMAError,
+                    lambda: not inflater.eof and not inflater.needs_input)
+
+
 def _decompress(stored: bytes, source: str) -> bytes:
-    """The document's JSON bytes; at most MAX_JSON_BYTES are ever inflated."""
+    """The zlib-compressed document's JSON bytes; at most MAX_JSON_BYTES are ever inflated."""
     inflater = zlib.decompressobj()
+    return _inflate(inflater, stored, source, "zlib", zlib.error, lambda: bool(inflater.unconsumed_tail))
+
+
+def _inflate(inflater: Any, stored: bytes, source: str, kind: str, error: type[Exception], more_left) -> bytes:
+    """``stored`` through ``inflater`` (one complete stream, at most MAX_JSON_BYTES out)."""
     try:
         raw = inflater.decompress(stored, MAX_JSON_BYTES)
-    except zlib.error as exc:
-        raise ModelFormatError(f"{source}: compressed document: expected a zlib stream, found one that "
-                               f"fails to inflate ({exc}); the file is corrupt") from None
-    if inflater.unconsumed_tail:
+    except error as exc:
+        raise ModelFormatError(f"{source}: compressed document: expected a{'n' if kind == 'xz' else ''} {kind} "
+                               f"stream, found one that fails to inflate ({exc}); the file is corrupt") from None
+    if more_left():
         raise ModelFormatError(f"{source}: compressed document: expected at most {MAX_JSON_BYTES} bytes "
                                "once inflated, found more")
     if not inflater.eof or inflater.unused_data:
-        raise ModelFormatError(f"{source}: compressed document: expected one complete zlib stream filling "
+        raise ModelFormatError(f"{source}: compressed document: expected one complete {kind} stream filling "
                                f"the {len(stored)} stored bytes, found "
                                + ("a truncated stream" if not inflater.eof else
                                   f"{len(inflater.unused_data)} bytes after its end"))
@@ -428,6 +491,7 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
     entries = reader.array(table, "document.tensors")
     spans: list[_Span] = []
     strings: dict[int, np.ndarray] = {}
+    products: dict[int, tuple[tuple[int, ...], list[int]]] = {}
     for index, entry in enumerate(entries):
         where = f"document.tensors[{index}]"
         if not isinstance(entry, dict):
@@ -436,6 +500,16 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
         if name == "str":
             strings[index] = _string_tensor(reader.fields(entry, where, ("dtype", "shape", "strings")),
                                             where, reader)
+            continue
+        if "product" in entry and header.major >= 3:
+            entry = reader.fields(entry, where, ("dtype", "shape", "product"))
+            if name != "float32":
+                raise reader.fail(f"{where}.dtype", "float32 (a product entry)", name)
+            pair = reader.array(entry["product"], f"{where}.product")
+            if len(pair) != 2:
+                raise reader.fail(f"{where}.product", "two tensor indices", Finding(f"{len(pair)} items"))
+            operands = [reader.integer(i, f"{where}.product[{k}]", maximum=len(entries) - 1) for k, i in enumerate(pair)]
+            products[index] = (_tensor_shape(entry["shape"], f"{where}.shape", reader), operands)
             continue
         entry = reader.fields(entry, where, ("dtype", "shape", "offset", "nbytes"))
         if name not in dtypes.NUMERIC_DTYPES:
@@ -462,7 +536,30 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
         tensors[index] = array
     for span in spans:
         tensors[span.index] = _view(mapped, header, span, reader)
+    for index, (shape, operands) in products.items():
+        tensors[index] = _product_tensor(index, shape, [tensors[i] for i in operands], reader)
     return tensors  # type: ignore[return-value]
+
+
+def _product_tensor(index: int, shape: tuple[int, ...], operands: list[np.ndarray | None],
+                    reader: DocumentReader) -> np.ndarray:
+    """Product entry ``index``: the element-wise product of two stored float32 tensors."""
+    where = f"document.tensors[{index}].product"
+    for operand in operands:
+        if operand is None or operand.dtype != np.float32:
+            raise reader.fail(where, "indices of stored float32 tensors (not products, not strings)",
+                              Finding("another product" if operand is None else f"a {operand.dtype} tensor"))
+    try:
+        product_shape = np.broadcast_shapes(operands[0].shape, operands[1].shape)
+    except ValueError:
+        product_shape = None
+    if product_shape != shape:
+        raise reader.fail(where, f"operands broadcasting to the entry's shape {list(shape)}",
+                          Finding(f"shapes {list(operands[0].shape)} and {list(operands[1].shape)}"))
+    with np.errstate(all="ignore"):
+        array = np.multiply(operands[0], operands[1], dtype=np.float32)
+    array.flags.writeable = False
+    return array
 
 
 def _file_dtype(name: str) -> np.dtype:

@@ -31,6 +31,7 @@ class SizeBreakdown:
     tensor_bytes: dict[str, int]  # dtype -> bytes of the stored tensors of that dtype
     tensor_counts: dict[str, int]  # dtype -> number of stored tensors (str: elements in the document)
     references: int  # tensor references in the graph: initializers and tensor attributes
+    derived: int = 0  # product entries (version 3): tensors computed on load, no bytes stored
 
     @property
     def tensors(self) -> int:
@@ -47,6 +48,7 @@ class SizeBreakdown:
                              for dtype, count in sorted(self.tensor_counts.items(),
                                                         key=lambda item: -self.tensor_bytes.get(item[0], 0)))
         shared = f"; {self.references} references to {stored} stored tensors" if self.references > stored else ""
+        shared += f"; {self.derived} computed on load (products)" if self.derived else ""
         json_size = f" ({self.document_json:,} as JSON)" if self.document_json != self.document else ""
         share = 100 * self.tensors / self.total if self.total else 0.0
         return [
@@ -72,9 +74,13 @@ def size_breakdown(path: str | os.PathLike) -> SizeBreakdown:
     document = reader.fields(document, "document", ("tensors", "graph"))
     tensor_bytes: Counter[str] = Counter()
     tensor_counts: Counter[str] = Counter()
+    derived = 0
     for index, entry in enumerate(reader.array(document["tensors"], "document.tensors")):
         entry = reader.fields(entry, f"document.tensors[{index}]", ("dtype", "shape"))
         dtype = reader.string(entry["dtype"], f"document.tensors[{index}].dtype")
+        if "product" in entry:
+            derived += 1
+            continue
         tensor_counts[dtype] += 1
         if "nbytes" in entry:
             tensor_bytes[dtype] += reader.integer(entry["nbytes"], f"document.tensors[{index}].nbytes",
@@ -84,7 +90,7 @@ def size_breakdown(path: str | os.PathLike) -> SizeBreakdown:
         total=total, version=(header.major, header.minor), header=HEADER_SIZE, document=header.json_length,
         document_json=len(raw), padding=header.data_offset - HEADER_SIZE - header.json_length
         + header.data_length - stored, tensor_bytes=dict(tensor_bytes), tensor_counts=dict(tensor_counts),
-        references=_references(document["graph"]))
+        references=_references(document["graph"]), derived=derived)
 
 
 def _references(graph: Any) -> int:

@@ -28,17 +28,21 @@ STORAGE_KEY = "weight_storage"
 NARROW_DTYPES = {"float16": np.float16}
 
 
-def stored_weights(metadata: Mapping[str, str]) -> dict[str, str]:
-    """``{initializer name: stored dtype}`` declared in a graph's metadata."""
-    text = metadata.get(STORAGE_KEY)
+def _json_object(metadata: Mapping[str, str], key: str) -> dict:
+    """The JSON object under ``key`` of a graph's metadata ({} if absent or malformed)."""
+    text = metadata.get(key)
     if not text:
         return {}
     try:
         table = json.loads(text)
     except ValueError:
         return {}
-    if not isinstance(table, dict):
-        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def stored_weights(metadata: Mapping[str, str]) -> dict[str, str]:
+    """``{initializer name: stored dtype}`` declared in a graph's metadata."""
+    table = _json_object(metadata, STORAGE_KEY)
     return {name: dtype for dtype, names in table.items() if dtype in NARROW_DTYPES and isinstance(names, list)
             for name in names if isinstance(name, str)}
 
@@ -82,3 +86,27 @@ def widen_stored(initializers: dict[str, np.ndarray], metadata: Mapping[str, str
         if array is not None and array.dtype == NARROW_DTYPES[dtype]:
             initializers[name] = array.astype(np.float32)
     return initializers
+
+
+# -- derived weights ---------------------------------------------------------------------------
+# A float32 weight that is exactly the element-wise product of two others (a quantized bias's
+# scale, ``x_scale * w_scale``) is declared under ``PRODUCTS_KEY`` (``{name: [a, b]}``); the
+# ``.eim`` file (version 3) then stores the operands' references instead of its bytes and
+# multiplies on load, after checking at save time that the product gives the same bits.
+PRODUCTS_KEY = "weight_products"
+
+
+def weight_products(metadata: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``{initializer name: (operand, operand)}`` declared in a graph's metadata."""
+    table = _json_object(metadata, PRODUCTS_KEY)
+    return {name: (pair[0], pair[1]) for name, pair in table.items()
+            if isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)}
+
+
+def with_weight_products(metadata: Mapping[str, str], products: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """``metadata`` declaring ``products`` (replacing any declared before); none: the key removed."""
+    out = {k: v for k, v in metadata.items() if k != PRODUCTS_KEY}
+    if products:
+        out[PRODUCTS_KEY] = json.dumps({name: list(pair) for name, pair in products.items()}, sort_keys=True,
+                                       separators=(",", ":"))
+    return out

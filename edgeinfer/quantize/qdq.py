@@ -29,11 +29,13 @@ from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.weights import STORAGE_KEY, stored_weights, with_weight_products
 from edgeinfer.quantize.methods import INT8, INT8_7BIT, INT32_BIAS, UINT8, QuantType, quant_params
 from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
 
 FLOAT_TYPES = ("float32",)
 REMOVABLE_ACTIVATIONS = ("Relu", "Clip")
+DATA_MOVEMENT = ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")  # values unchanged
 WEIGHT_TYPE = INT8
 PER_CHANNEL_OPSET = 13  # QuantizeLinear/DequantizeLinear gained ``axis`` in opset 13
 SCALE_FLOOR = 1e-30  # smallest weight/bias scale written: normal in float32, with room below
@@ -82,6 +84,8 @@ class QuantPlan:
     weights: dict[str, int] = field(default_factory=dict)  # weight -> axis (or -1 for per-tensor)
     weight_uses: dict[tuple[int, int], str] = field(default_factory=dict)  # (node id, input) -> weight
     biases: list[_Bias] = field(default_factory=list)
+    dropped_inputs: set[tuple[int, int]] = field(default_factory=set)  # (node id, input): a zero bias
+    conv_weights: dict[str, bool] = field(default_factory=dict)  # weight -> read by Conv nodes only
     renamed: dict[str, str] = field(default_factory=dict)  # producer output -> folded activation's output
     dropped: set[int] = field(default_factory=set)  # ids of folded activation nodes
     layers: list[str] = field(default_factory=list)
@@ -145,6 +149,24 @@ class QuantPlan:
             return 1.0
         return largest / smallest if smallest > 0 else np.inf
 
+    def reaches_graph_output(self, name: str) -> bool:
+        """Whether ``name`` is a graph output, or becomes one through data movement alone (the
+        Transpose back to NHWC or the Reshape after a converted model's last Conv): the op
+        writing it is then a graph output's final op, whose result stays float. Quantizing it
+        would clip the output to its calibrated range (a face score that was negative on every
+        calibration photo read 0.0 on a held-out face)."""
+        outputs, pending, seen = set(self.graph.output_names), [name], set()
+        while pending:
+            name = pending.pop()
+            if name in outputs:
+                return True
+            if name in seen or name not in self.graph.values:
+                continue
+            seen.add(name)
+            pending.extend(node.outputs[0] for node, index in self.graph.values[name].uses
+                           if index == 0 and not node.domain and node.op_type in DATA_MOVEMENT)
+        return False
+
     def pads_with_zero(self, node: Node) -> bool:
         if node.attrs.get("mode", "constant") != "constant":
             return True
@@ -168,8 +190,15 @@ class QuantPlan:
         name = node.inputs[index]
         self.weights[name] = self._axis(axis)
         self.weight_uses[(id(node), index)] = name
+        self.conv_weights[name] = node.op_type == "Conv" and self.conv_weights.get(name, True)
 
     def bias(self, node: Node, index: int, activation: str, weight: str) -> None:
+        """Quantize bias ``index`` to int32; a bias of zeros is dropped instead (Conv's optional
+        last input: the same sums, and no int32 tensor and scale to store)."""
+        if index == len(node.inputs) - 1 and node.op_type in ("Conv", "ConvTranspose") \
+                and not np.any(self.graph.values[node.inputs[index]].const):
+            self.dropped_inputs.add((id(node), index))
+            return
         self.biases.append(_Bias(node, index, node.inputs[index], self._current(activation), weight))
 
     def output(self, node: Node, index: int) -> None:
@@ -180,7 +209,7 @@ class QuantPlan:
         folded = self._fold_activation(node, name, float_graph_output)
         if folded is not None:
             name = folded
-        if float_graph_output and name in self.graph.output_names:
+        if float_graph_output and self.reaches_graph_output(name):
             return
         if self.has_range(name):
             self.activations.setdefault(name, None)
@@ -195,7 +224,7 @@ class QuantPlan:
         if consumer.op_type not in REMOVABLE_ACTIVATIONS or consumer.domain or layer_name(consumer) in self.options.exclude:
             return None
         out = consumer.outputs[0]
-        if out not in self.ranges or (float_graph_output and out in self.graph.output_names):
+        if out not in self.ranges or (float_graph_output and self.reaches_graph_output(out)):
             return None
         if consumer.op_type == "Clip" and not self._clip_starts_at_or_below_zero(consumer):
             return None
@@ -367,19 +396,28 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
 
     # Weights and biases: quantized initializers behind a DequantizeLinear, one per consumer input.
     weight_dq: dict[str, str] = {}
+    weight_scale: dict[str, str] = {}
     uses: dict[tuple[int, int], str] = {}
     prelude: dict[int, list[Node]] = {}
     for (node_id, index), name in plan.weight_uses.items():
         if name not in weight_dq:
             params = weights[name]
             q_name = builder.const(f"{name}_quantized", quantize_values(graph.values[name].const, params))
-            scale, zero_point = builder.params(name, params)
+            if plan.conv_weights.get(name):  # symmetric: the zero point 0 is omitted (onnxruntime still fuses)
+                scale, zero_point = builder.const(f"{name}_scale", params.scale), ""
+            else:  # its QGemm fusion wants the zero point
+                scale, zero_point = builder.params(name, params)
+            weight_scale[name] = scale
             weight_dq[name] = builder.fresh(f"{name}_dequantized")
             prelude.setdefault(node_id, []).append(
                 builder.dequantize(q_name, weight_dq[name], scale, zero_point, params.axis))
         uses[(node_id, index)] = weight_dq[name]
+    for node_id, index in plan.dropped_inputs:
+        uses[(node_id, index)] = ""
+    products: dict[str, tuple[str, str]] = {}  # bias scale -> (x scale, w scale): stored as a product
     for bias in plan.biases:
         node_prelude, dq = _bias_nodes(builder, graph, bias, acts, weights)
+        products[node_prelude[0].inputs[1]] = (param_names[id(acts[bias.activation])][0], weight_scale[bias.weight])
         prelude.setdefault(id(bias.node), []).extend(node_prelude)
         uses[(id(bias.node), bias.index)] = dq
 
@@ -398,7 +436,9 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
             if replaced is None and name:
                 current = plan.renamed.get(name, name)
                 replaced = dq_name.get(current, current)
-            new_inputs.append(replaced or name)
+            new_inputs.append(name if replaced is None else replaced)
+        while new_inputs and not new_inputs[-1] and (id(node), len(new_inputs) - 1) in uses:
+            new_inputs.pop()  # a dropped trailing optional input (a zero bias)
         new_outputs = [plan.renamed.get(o, o) for o in node.outputs]
         new_outputs = [pre_name.get(o, o) for o in new_outputs]
         attrs = node.attrs
@@ -418,7 +458,7 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
     infos = [v.typed_like() for v in graph.value_info() if v.name in produced]
     infos += [graph.values[name].typed_like(pre) for name, pre in pre_name.items()]
     infos += [v for v in builder.types if v.name in produced]
-    meta = dict(graph.metadata)
+    meta = with_weight_products(_live_weight_storage(dict(graph.metadata), initializers), products)
     if metadata is not None:
         meta["quantization"] = json.dumps(dict(metadata), sort_keys=True)
     quantized = Graph(nodes, list(graph.inputs), list(graph.outputs), initializers, value_info=infos,
@@ -426,12 +466,28 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
     return infer_types(quantized)
 
 
+def _live_weight_storage(metadata: dict[str, str], initializers: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """``metadata`` whose float16 weight-storage list names only the float weights still there
+    (the quantized ones are int8 now: listing them only fills the file's document)."""
+    declared = stored_weights(metadata)
+    if not declared:
+        return metadata
+    live: dict[str, list[str]] = {}
+    for name, dtype in declared.items():
+        if name in initializers:
+            live.setdefault(dtype, []).append(name)
+    metadata.pop(STORAGE_KEY, None)
+    if live:
+        metadata[STORAGE_KEY] = json.dumps({k: sorted(v) for k, v in live.items()}, sort_keys=True)
+    return metadata
+
+
 def _bias_nodes(builder: _Builder, graph: Graph, bias: _Bias, acts: dict[str, TensorParams],
                 weights: dict[str, TensorParams]) -> tuple[list[Node], str]:
     data = graph.values[bias.bias].const
     beta = float(bias.node.attrs.get("beta", 1.0)) if bias.node.op_type == "Gemm" else 1.0
     flat = data.astype(np.float64).reshape(-1) * beta  # Gemm's beta moves into the bias (beta becomes 1)
-    scale = (float(acts[bias.activation].scale) * weights[bias.weight].scale.astype(np.float64)).astype(np.float32)
+    scale = np.multiply(acts[bias.activation].scale, weights[bias.weight].scale, dtype=np.float32)  # one rounding
     params = TensorParams(scale, np.zeros(scale.shape, np.int32), INT32_BIAS, 0 if scale.ndim else None)
     q_name = builder.const(f"{bias.bias}_quantized", quantize_values(flat, params))
     s_name = builder.const(f"{bias.bias}_scale", params.scale)

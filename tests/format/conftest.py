@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -22,6 +23,13 @@ from edgeinfer.ir import Graph, Node, Value, dtypes
 # check the file against the documentation, not against the writer's own constants.
 HEADER = struct.Struct("<4sHHIIQQQ32s")
 COMPRESSED = 1  # header flag bit 0: the document is stored zlib-compressed
+XZ = 2  # header flag bit 1 (version 3): the document is stored xz-compressed
+
+
+def _inflate(stored: bytes, flags: int) -> bytes:
+    if flags & XZ:
+        return lzma.decompress(stored, lzma.FORMAT_XZ)
+    return zlib.decompress(stored) if flags & COMPRESSED else stored
 
 
 @dataclass
@@ -47,13 +55,12 @@ class EimFile:
         json_length, data_offset, data_length = fields[5], fields[6], fields[7]
         json_bytes = raw[HEADER.size:HEADER.size + json_length]
         data = raw[data_offset:data_offset + data_length]
-        text = zlib.decompress(json_bytes) if fields[3] & COMPRESSED else json_bytes
-        return cls(*fields, json_bytes, data, json.loads(text))
+        return cls(*fields, json_bytes, data, json.loads(_inflate(json_bytes, fields[3])))
 
     @property
     def text(self) -> bytes:
         """The document's JSON text (decompressed)."""
-        return zlib.decompress(self.json_bytes) if self.flags & COMPRESSED else self.json_bytes
+        return _inflate(self.json_bytes, self.flags)
 
     @classmethod
     def read(cls, path: Path) -> EimFile:
@@ -65,7 +72,10 @@ class EimFile:
         text = json_bytes
         if text is None:
             text = json.dumps(self.document).encode()
-            if header.get("flags", self.flags) & COMPRESSED:
+            flags = header.get("flags", self.flags)
+            if flags & XZ:
+                text = lzma.compress(text, lzma.FORMAT_XZ)
+            elif flags & COMPRESSED:
                 text = zlib.compress(text)
         data_offset = -(-(HEADER.size + len(text)) // 64) * 64
         values = {"magic": self.magic, "major": self.major, "minor": self.minor, "flags": self.flags,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import lzma
 import zlib
 from pathlib import Path
 
@@ -92,8 +93,8 @@ def test_wrong_magic(parsed, tmp_path):
 
 
 def test_newer_major_version(parsed, tmp_path):
-    parsed.document["version"] = [3, 0]
-    load_fails(write(tmp_path, parsed.pack(major=3)), "newer edgeinfer")
+    parsed.document["version"] = [4, 0]
+    load_fails(write(tmp_path, parsed.pack(major=4)), "newer edgeinfer")
 
 
 def test_older_major_version(parsed, tmp_path):
@@ -101,7 +102,7 @@ def test_older_major_version(parsed, tmp_path):
 
 
 def test_newer_minor_version_with_new_fields_is_readable(parsed, tmp_path, small_model):
-    parsed.document["version"] = [2, 7]
+    parsed.document["version"] = [3, 7]
     parsed.document["future_field"] = {"anything": [1, 2]}
     parsed.document["graph"]["nodes"][0]["future_node_field"] = True
     loaded = ei.load(write(tmp_path, parsed.pack(minor=7)))
@@ -113,9 +114,18 @@ def test_unknown_field_in_current_version(parsed, tmp_path):
     load_fails(write(tmp_path, parsed.pack()), "unknown 'surprise'")
 
 
-@pytest.mark.parametrize("field, value", [("flags", 2), ("flags", 0x80000001), ("reserved", 1)])
+@pytest.mark.parametrize("field, value", [("flags", 4), ("flags", 0x80000002), ("reserved", 1)])
 def test_unknown_flags(parsed, tmp_path, field, value):
-    load_fails(write(tmp_path, parsed.pack(**{field: value})), r"expected flags within 0x1 and reserved 0")
+    load_fails(write(tmp_path, parsed.pack(**{field: value})), r"expected flags within 0x3 and reserved 0")
+
+
+def test_version_2_defines_no_xz_flag(parsed, tmp_path):
+    parsed.document["version"] = [2, 0]
+    load_fails(write(tmp_path, parsed.pack(major=2, flags=2)), r"expected flags within 0x1")
+
+
+def test_both_compressions_are_refused(parsed, tmp_path):
+    load_fails(write(tmp_path, parsed.pack(flags=3)), "found both")
 
 
 def test_version_1_defines_no_flags(parsed, tmp_path):
@@ -157,7 +167,21 @@ def test_bad_checksum_of_a_plain_document(parsed, tmp_path):
     (zlib.compress(b"{}") + b"tail", "4 bytes after its end"),
 ])
 def test_corrupt_compressed_document(parsed, tmp_path, stored, match):
-    load_fails(write(tmp_path, parsed.pack(json_bytes=stored)), match)
+    load_fails(write(tmp_path, parsed.pack(json_bytes=stored, flags=1)), match)
+
+
+@pytest.mark.parametrize("stored, match", [
+    (b"not xz at all", "fails to inflate"),
+    (lzma.compress(b"{}", lzma.FORMAT_XZ)[:-3], "truncated stream|fails to inflate"),
+    (lzma.compress(b"{}", lzma.FORMAT_XZ) + b"tail", "4 bytes after its end"),
+])
+def test_corrupt_xz_document(parsed, tmp_path, stored, match):
+    load_fails(write(tmp_path, parsed.pack(json_bytes=stored, flags=2)), match)
+
+
+def test_zlib_document_in_version_3_is_readable(parsed, tmp_path, small_model):
+    loaded = ei.load(write(tmp_path, parsed.pack(json_bytes=zlib.compress(parsed.text), flags=1)))
+    assert loaded.graph.content_hash() == small_model.graph.content_hash()
 
 
 def test_document_inflating_past_the_limit_is_refused(parsed, tmp_path, monkeypatch):
@@ -165,6 +189,7 @@ def test_document_inflating_past_the_limit_is_refused(parsed, tmp_path, monkeypa
 
     monkeypatch.setattr(eim, "MAX_JSON_BYTES", len(parsed.text) - 1)
     load_fails(write(tmp_path, parsed.pack()), "at most .* bytes once inflated")
+    load_fails(write(tmp_path, parsed.pack(flags=1)), "at most .* bytes once inflated")
 
 
 def test_plain_document_in_version_2_is_readable(parsed, tmp_path, small_model):

@@ -182,8 +182,8 @@ def test_layout_is_aligned_and_exactly_sized(tmp_path, rng, identity_graph, eim_
     ei.Model(identity_graph(arrays)).save(path)
     raw = path.read_bytes()
     parsed = eim_file.parse(raw)
-    assert parsed.magic == b"EIM\x00" and (parsed.major, parsed.minor) == (2, 0)
-    assert parsed.document["version"] == [2, 0]
+    assert parsed.magic == b"EIM\x00" and (parsed.major, parsed.minor) == (3, 0)
+    assert parsed.document["version"] == [3, 0]
     assert parsed.data_offset % 64 == 0 and parsed.data_offset >= HEADER_SIZE + parsed.json_length
     assert parsed.data_offset + parsed.data_length == len(raw)
     entries = parsed.document["tensors"]

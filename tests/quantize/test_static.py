@@ -43,6 +43,7 @@ def test_layout_mirrors_onnxruntime_qdq(int8):
         assert w_dq.op_type == x_dq.op_type == b_dq.op_type == "DequantizeLinear"
         weight, w_scale = graph.values[w_dq.inputs[0]].const, graph.values[w_dq.inputs[1]].const
         assert weight.dtype == np.int8 and w_dq.attrs["axis"] == 0 and w_scale.shape == (weight.shape[0],)
+        assert len(w_dq.inputs) == 2  # symmetric weights: the zero point 0 is not stored
         assert np.abs(weight).max() == 127  # symmetric: the largest weight of a channel maps to 127
         bias, b_scale = graph.values[b_dq.inputs[0]].const, graph.values[b_dq.inputs[1]].const
         x_scale = graph.values[x_dq.inputs[1]].const
@@ -134,3 +135,70 @@ def test_per_channel_needs_opset_13_and_per_tensor_works_before(rng):
     reference = ei.Session(model, backend="numpy").run(feeds)["y"]
     assert sqnr(reference, ei.Session(per_tensor, backend="numpy").run(feeds)["y"]) > 25
     assert isinstance(per_tensor, Model)
+
+
+def test_zero_bias_is_dropped_and_bias_scales_are_stored_as_products(cnn, tmp_path):
+    """A Conv whose bias is all zeros loses the bias (the same sums, nothing to store); every
+    int32 bias's scale is declared as x_scale * w_scale, which the .eim stores as a product
+    of the two (bit-identical on load) instead of its bytes."""
+    from edgeinfer.format.sizes import size_breakdown
+    from edgeinfer.ir.weights import weight_products
+
+    _, fused, samples, _ = cnn
+    graph = fused.graph
+    conv = next(n for n in graph.nodes if n.op_type == "Conv" and len(n.inputs) == 3)
+    initializers = dict(graph.initializers)
+    initializers[conv.inputs[2]] = np.zeros_like(initializers[conv.inputs[2]])
+    zero_bias = Model(graph.replace(graph.nodes, initializers=initializers), fused.metadata)
+    int8 = quantize_static(zero_bias, calibrate(zero_bias, samples), method="minmax")
+    q = int8.graph
+    dropped = next(n for n in q.nodes if n.op_type == "Conv" and n.name == conv.name)
+    assert len(dropped.inputs) == 2
+    feeds = {"input": samples[0]}
+    reference = ei.Session(zero_bias, backend="numpy").run(feeds)["logits"]
+    got = ei.Session(int8, backend="numpy").run(feeds)["logits"]
+    assert sqnr(reference, got) > 20
+
+    products = weight_products(q.metadata)
+    biases = [n for n in q.nodes if n.op_type == "DequantizeLinear" and q.values[n.inputs[0]].dtype == "int32"]
+    assert biases and {n.inputs[1] for n in biases} == set(products)
+    for name, (x, w) in products.items():
+        want = np.multiply(q.initializers[x], q.initializers[w], dtype=np.float32)
+        assert np.array_equal(q.initializers[name].view(np.uint32), want.view(np.uint32))
+    path = tmp_path / "int8.eim"
+    int8.save(path)
+    assert size_breakdown(path).derived == len(products)
+    loaded = ei.load(path)
+    assert loaded.graph.content_hash() == q.content_hash()
+    assert_close(ei.Session(loaded, backend="numpy").run(feeds)["logits"], got)
+
+
+HEAD_THROUGH_TRANSPOSE = """
+<ir_version: 8, opset_import: ["" : 17]>
+net (float[1, 2, 6, 6] x) => (float[1, 6, 6, 4] y, float[1, 144] z)
+<float[4, 2, 3, 3] w = {WEIGHTS}, float[4] b = {0.1, -0.2, 0.3, 0.0}, int64[2] flat = {1, 144}>
+{
+    c = Conv<pads = [1, 1, 1, 1]>(x, w, b)
+    y = Transpose<perm = [0, 2, 3, 1]>(c)
+    r = Relu(c)
+    z = Reshape(r, flat)
+}
+"""
+
+
+def test_an_output_reached_through_data_movement_stays_float(rng):
+    """The op writing a graph output through a Transpose or Reshape (a converted NHWC model's
+    last Conv) keeps a float result: quantized, a value outside every calibration sample's range
+    is clipped (a face score negative on all calibration photos read 0 on a held-out face)."""
+    weights = "{" + ",".join(f"{v:.5f}" for v in rng.standard_normal(72)) + "}"
+    model = ei.convert(parse_model(HEAD_THROUGH_TRANSPOSE.replace("{WEIGHTS}", weights)), optimize=0)
+    samples = [rng.standard_normal((1, 2, 6, 6)).astype(np.float32) for _ in range(8)]
+    int8 = quantize_static(model, calibrate(model, samples), method="minmax")
+    q = int8.graph
+    quantized = {n.inputs[0] for n in q.nodes if n.op_type == "QuantizeLinear"}
+    assert "x" in quantized and not quantized & {"c", "r", "y", "z"}
+    assert q.producer("y").op_type == "Transpose" and q.producer("z").op_type == "Reshape"
+    feeds = {"x": rng.standard_normal((1, 2, 6, 6)).astype(np.float32)}
+    reference = ei.Session(model, backend="numpy").run(feeds)
+    got = ei.Session(int8, backend="numpy").run(feeds)
+    assert sqnr(reference["y"], got["y"]) > 25 and sqnr(reference["z"], got["z"]) > 25

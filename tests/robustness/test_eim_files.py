@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import zlib
 
 import pytest
@@ -19,7 +20,9 @@ from edgeinfer.format.eim import HEADER, HEADER_SIZE, align
 def repack(raw: bytes, edit) -> bytes:
     """The file with ``edit(document)`` applied, the header and checksum made consistent."""
     magic, major, minor, flags, reserved, json_length, data_offset, data_length, _ = HEADER.unpack_from(raw, 0)
-    document = json.loads(zlib.decompress(raw[HEADER_SIZE:HEADER_SIZE + json_length]))
+    stored = raw[HEADER_SIZE:HEADER_SIZE + json_length]
+    document = json.loads(lzma.decompress(stored) if flags & 2 else zlib.decompress(stored))
+    flags = 1  # written back zlib-compressed (version 3 reads either)
     edit(document)
     text = json.dumps(document)
     for placeholder, deep in DEEP.items():  # too deep for json.dumps: spliced in as text
