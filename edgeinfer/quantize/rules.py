@@ -27,8 +27,9 @@ QLinearMatMul, QLinearAdd, QLinearGlobalAveragePool, ...):
   scale over boxes in pixels (0-320) and class probabilities (0-1) rounds every probability to
   0. Its inputs keep the parameters their producers gave them (each its own scale).
 
-The op that writes a graph output keeps a float output unless ``quantize_outputs`` is asked
-for: its inputs are quantized, the result it writes is not (logits, boxes and probabilities
+The op that writes a graph output (directly, or through data movement only: the Transpose
+back to NHWC after a converted TFLite model's last Conv) keeps a float output unless
+``quantize_outputs`` is asked for: its inputs are quantized, the result it writes is not (logits, boxes and probabilities
 keep their precision; the engines have kernels with a float output).
 """
 
