@@ -10,15 +10,20 @@ method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quant
 same calibration samples, run on onnxruntime. ``cle`` is the default method after cross-layer
 equalization (``equalize=True``), ``mixed`` the default method with ``min_sqnr`` mixed precision
 (the target per model: ``MIXED_TARGET_DB``, measured by the search on calibration samples; the
-column ``float`` counts the layers it kept float). ``size`` is the INT8 .eim over the fp32 .eim with
+column ``float`` counts the layers it kept float), ``cle_mixed`` both (``ei.quantize(equalize=True,
+min_sqnr=...)``: the search runs on the equalized graph). ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
 ROUNDS`` it times instead: fp32 and INT8 (the default method) on onnxruntime in ROUNDS
-interleaved rounds (median ms, one held-out crop at batch 1). Usage::
+interleaved rounds (median ms, one held-out crop at batch 1). With ``--sizes`` it breaks the
+INT8 .eim (default method) down instead: bytes of int8 weights, int32 biases, weight and bias
+scales (a bias scale stored as a product of two others costs none), zero points, activation
+parameters, other constants, and the format's document, header and padding, each over the fp32
+.eim, beside onnxruntime's quantize_static .onnx over the fp32 .onnx. Usage::
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed ort] [--latency 0] [--json results.json]
+        [--variants cle mixed cle_mixed ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -128,11 +133,15 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
         calibration.held_out = held_out  # the guard measures on the same held-out crops
         for method in methods:
             measure(method, lambda method=method: guarded(quantize_static(fp32, calibration, method=method), calibration))
+        def equalized_and_calibrated():
+            model = equalized(fp32, samples)
+            equalized_calibration = calibrate(model, samples)
+            equalized_calibration.held_out = held_out
+            return model, equalized_calibration
+
         if "cle" in variants:
             def with_cle() -> ei.Model:
-                model = equalized(fp32, samples)
-                equalized_calibration = calibrate(model, samples)
-                equalized_calibration.held_out = held_out
+                model, equalized_calibration = equalized_and_calibrated()
                 return guarded(quantize_static(model, equalized_calibration), equalized_calibration)
 
             measure("cle", with_cle)
@@ -140,10 +149,68 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             target = MIXED_TARGET_DB[task.name]
             measure("mixed", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
                                                               method=DEFAULT_METHOD).model, calibration))
+        if "cle_mixed" in variants:
+            def with_cle_mixed() -> ei.Model:
+                model, equalized_calibration = equalized_and_calibrated()
+                found = quantize_to_sqnr(model, equalized_calibration, MIXED_TARGET_DB[task.name],
+                                         feeds=samples[:SEARCH_SAMPLES], method=DEFAULT_METHOD)
+                return guarded(found.model, equalized_calibration)
+
+            measure("cle_mixed", with_cle_mixed)
         if "ort" in variants:
             measure("ort", lambda: ort_quantize_static(fp32, samples, folder))
             rows["variants"]["ort"]["guard_warned"] = None
     return rows
+
+
+def _role(graph, name: str, products: set[str]) -> str:
+    """What an initializer of a QDQ graph is, by how the graph reads it."""
+    kinds = set()
+    for node, index in graph.values[name].uses:
+        source = graph.values.get(node.inputs[0])
+        stored = source is not None and source.const is not None
+        if node.op_type == "DequantizeLinear" and stored and index > 0:
+            of = "bias" if source.const.dtype == "int32" else "weight"
+            kinds.add(f"{of} {'scale' if index == 1 else 'zero point'}" + (" (product)" if name in products else ""))
+        elif node.op_type == "DequantizeLinear" and index == 0:
+            kinds.add({"int8": "int8 weights", "int32": "int32 biases"}.get(str(graph.values[name].const.dtype),
+                                                                             "other quantized constants"))
+        elif node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            kinds.add("activation scales and zero points")
+        else:
+            kinds.add(f"float constants ({graph.values[name].const.dtype})"
+                      if graph.values[name].const.dtype.kind == "f" else "other constants")
+    return " + ".join(sorted(kinds)) or "unread"
+
+
+def size_rows(task: RealTask) -> dict[str, Any]:
+    """Where the bytes of the INT8 .eim go, over the fp32 .eim; onnxruntime's file ratio beside it."""
+    from edgeinfer.format.sizes import size_breakdown
+    from edgeinfer.ir.weights import weight_products
+
+    fp32 = ei.convert(task.path(), optimize=2)
+    samples = task.calibration(1)
+    int8 = quantize_static(fp32, calibrate(fp32, samples))
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        base, quantized = folder / "fp32.eim", folder / "int8.eim"
+        float32_weights(fp32).save(base)
+        int8.save(quantized)
+        fp32_bytes = base.stat().st_size
+        breakdown = size_breakdown(quantized)
+        ort_quantize_static(fp32, samples, folder)
+        ort_ratio = (folder / "ort_int8.onnx").stat().st_size / (folder / "fp32.onnx").stat().st_size
+    products = set(weight_products(int8.graph.metadata))
+    roles: dict[str, int] = {}
+    for name, array in int8.graph.initializers.items():
+        role = _role(int8.graph, name, products)
+        roles[role] = roles.get(role, 0) + (0 if name in products else array.nbytes)
+    roles["format: document"] = breakdown.document
+    roles["format: header + padding"] = breakdown.header + breakdown.padding
+    return {"fp32_bytes": fp32_bytes, "int8_bytes": breakdown.total, "ratio": round(breakdown.total / fp32_bytes, 4),
+            "ort_ratio": round(ort_ratio, 4), "products": len(products),
+            "roles": {k: round(v / fp32_bytes, 4) for k, v in sorted(roles.items(), key=lambda kv: -kv[1])},
+            "note": "role bytes before the file's sharing of identical tensors"}
 
 
 def latency(task: RealTask, rounds: int) -> dict[str, float]:
@@ -199,14 +266,26 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "cle_mixed", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")
+    parser.add_argument("--sizes", action="store_true", help="break the INT8 .eim down by role instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     results: dict[str, Any] = {}
+    if args.sizes:
+        sizes = {name: size_rows(TASKS[name]) for name in args.models}
+        for name, row in sizes.items():
+            print(f"{name}: INT8 .eim {row['int8_bytes']:,} / fp32 {row['fp32_bytes']:,} bytes = {row['ratio']:.4f}x "
+                  f"(onnxruntime quantize_static .onnx: {row['ort_ratio']:.4f}x); {row['products']} bias scales "
+                  "stored as products")
+            for role, share in row["roles"].items():
+                print(f"    {share:.4f}x  {role}")
+        if args.json:
+            args.json.write_text(json.dumps({"sizes": sizes}, indent=2))
+        return
     if args.latency:
         timings = {name: latency(TASKS[name], args.latency) for name in args.models}
         for name, row in timings.items():
