@@ -299,6 +299,17 @@ class SequentialExecutor(PlanRunner):
             set(single.inputs) == set(graph.input_names) and not self.constant_outputs
         self._same_order = self._direct and list(single.outputs) == list(self.output_names)
 
+    def direct_call(self) -> Any:
+        """The executable's own ``run`` when it alone serves checked feeds as this runner would:
+        one part that is the whole graph, outputs in graph order (no duplicates), a thread-safe
+        host executable that has run once. None otherwise (or before its first run)."""
+        if not self._same_order or len(set(self.output_names)) != len(self.output_names):
+            return None
+        part = self.parts[0]
+        if not (part.proven and part.thread_safe) or part.resident is not None or part.closed:
+            return None
+        return part.first.run
+
     def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._direct:  # one part that is the whole graph: no bookkeeping at all
             part = self.parts[0]

@@ -80,6 +80,9 @@ class FeedChecker:
         self._specs = [(t.name, self.np_dtypes[t.name], t.shape,
                         tuple(t.shape) if t.shape is not None and all(isinstance(d, int) for d in t.shape) else None,
                         t.dtype is not None and not dtypes.is_tensor_type(t.dtype)) for t in self.inputs]
+        # every input a tensor (the common case): (name, numpy dtype) is all a check looks up
+        self._containers = any(spec[4] or spec[1] is None for spec in self._specs)
+        self._tensors = [(name, want) for name, want, _, _, _ in self._specs]
         self._symbolic_inputs = tuple(dict.fromkeys(name for name, _, _ in self._symbolic))
         self._signatures: dict[tuple, Signature] = {}  # the shapes of the symbolic inputs -> signature
         self._valid_shapes: set[tuple] = set()  # feed shapes (in input order) that passed the shape checks
@@ -111,40 +114,64 @@ class FeedChecker:
         return Signature(tuple(sorted(bound.items())))
 
     def check(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(feeds, Mapping):
+        """A copy of ``feeds`` (arrays as given, lists made arrays) once they match the inputs."""
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds: expected a dict of input name -> array, got {type(feeds).__name__}")
-        expected = self.expected
         if feeds.keys() != self._names:
+            expected = self.expected
             unknown = [k for k in feeds if k not in expected]
             missing = [k for k in expected if k not in feeds]
             raise InputError(f"feeds: expected inputs {list(expected)}, got {list(feeds)}"
                              + (f" (unknown: {unknown})" if unknown else "")
                              + (f" (missing: {missing})" if missing else ""))
+        if self._containers:
+            return self._check_with_containers(feeds)
+        checked = dict(feeds)  # the caller may change its dict later (a stream holds this one)
+        shapes = []
+        for name, want in self._tensors:
+            array = checked[name]
+            if type(array) is not np.ndarray:
+                array = checked[name] = np.asarray(array)
+            dtype = array.dtype
+            if dtype is not want and dtype != want and not (want.kind == "O" and dtype.kind in "OUS"):
+                raise InputError(f"input {name!r}: expected dtype {self.expected[name].dtype}, got {dtype}")
+            shapes.append(array.shape)
+        key = tuple(shapes)
+        if key not in self._valid_shapes:  # shapes seen before passed already: nothing to check again
+            self._check_shapes(key)
+        return checked
+
+    def _check_with_containers(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         checked = {}
         shapes = []
         for name, want, _, _, container in self._specs:
             array = feeds[name]
             if container:
-                checked[name] = _check_container(name, expected[name].dtype, array)
+                checked[name] = _check_container(name, self.expected[name].dtype, array)
                 shapes.append(None)
                 continue
             if type(array) is not np.ndarray:
                 array = np.asarray(array)
             if want is not None and array.dtype != want and not (want.kind == "O" and array.dtype.kind in "OUS"):
-                raise InputError(f"input {name!r}: expected dtype {expected[name].dtype}, got {array.dtype}")
+                raise InputError(f"input {name!r}: expected dtype {self.expected[name].dtype}, got {array.dtype}")
             checked[name] = array
             shapes.append(array.shape)
         key = tuple(shapes)
-        if key not in self._valid_shapes:  # shapes seen before passed already: nothing to check again
-            bound: dict[str, tuple[int, str]] = {}
-            for (name, _, shape, fixed, container), got in zip(self._specs, shapes):
-                if container or shape is None or got == fixed:
-                    continue
-                _check_shape(name, shape, got, bound)  # raises, saying how it differs
-            if len(self._valid_shapes) >= 256:
-                self._valid_shapes.clear()
-            self._valid_shapes.add(key)
+        if key not in self._valid_shapes:
+            self._check_shapes(key)
         return checked
+
+    def _check_shapes(self, key: tuple) -> None:
+        """Each feed's shape (in input order; None for a container) against the declared ones;
+        ``key`` is remembered once they pass."""
+        bound: dict[str, tuple[int, str]] = {}
+        for (name, _, shape, fixed, container), got in zip(self._specs, key):
+            if container or shape is None or got == fixed:
+                continue
+            _check_shape(name, shape, got, bound)  # raises, saying how it differs
+        if len(self._valid_shapes) >= 256:
+            self._valid_shapes.clear()
+        self._valid_shapes.add(key)
 
 
 def _check_container(name: str, dtype: str, value: Any) -> Any:

@@ -19,9 +19,12 @@ The plan (how many stages, where the cuts go, replicas per stage) comes from ``p
 profile every node on its backend, split by dynamic programming, measure the compiled stages,
 recalibrate once, and, with ``stages="auto"``, run a short burst of each candidate and keep
 the one with the best measured throughput. Planning never stalls a stream: with
-``stages="auto"`` a stream starts at once on replicas of the whole graph and switches to the
-measured plan when the planner (on a thread of its own, within ``plan_budget`` seconds)
-has it. Plans take a ``CompiledPlan`` (one signature's backends and partition), never a Session.
+``stages="auto"`` a stream starts at once on replicas of the whole graph (one worker per core
+sharing one single-threaded copy, compiled from the session's proven plan: one compile, no
+warm-up run) and switches to the measured plan when the planner (on a thread of its own,
+within ``plan_budget`` seconds) has it. A session's first request runs on its own compiled
+plan, which it proves, and is the first result. Plans take a ``CompiledPlan`` (one
+signature's backends and partition), never a Session.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, SchedulerError
-from edgeinfer.runtime.executors import SequentialExecutor
+from edgeinfer.runtime.executors import SequentialExecutor, settle
 from edgeinfer.scheduler import compile_parts, make_plan
 from edgeinfer.scheduler.planner import (
     best_time,
@@ -92,7 +97,9 @@ class _Borrowed:
 @dataclass
 class Stage:
     nodes: range  # positions in the graph's topological order
-    runners: list[SequentialExecutor]  # one compiled copy per replica: workers share no engine state
+    # one compiled copy per replica (workers share no engine state), or fewer: replica r runs
+    # on runners[r % len(runners)] (a thread-safe copy serving several workers)
+    runners: list[SequentialExecutor]
     keep: frozenset[str]  # values handed on: read by later stages or graph outputs
     graph: Any = None  # the stage's subgraph
     backends: list[str] = field(default_factory=list)  # the backend of each of its nodes
@@ -102,7 +109,8 @@ class Stage:
         return self.runners[0]
 
     def run(self, message: dict[str, Any], replica: int = 0) -> dict[str, Any]:
-        runner = self.runners[replica]
+        runners = self.runners
+        runner = runners[replica % len(runners)]
         results = runner.run({name: message[name] for name in runner.graph.input_names})
         merged = {**message, **results}
         return {name: merged[name] for name in self.keep if name in merged}
@@ -270,36 +278,31 @@ def _sequential(compiled: CompiledPlan) -> Stage:
     return _whole_graph(compiled, _Borrowed(compiled))
 
 
-def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
-    """What a stream serves while the planner measures: replicas of the whole graph, one
-    single-threaded copy per worker (``replica_plan``). In ad hoc trials on 2 cores these beat
-    the compiled plan's own runner (called by one worker or two) on a 200-request first
-    stream, and beat starting on that runner while copies compiled beside it (the compile
-    holds the GIL while the stream runs); ``benchmarks/bench_runtime.py`` measures the result."""
-    return replica_plan(compiled, feeds, workers=workers)
-
-
-def replica_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
-    """Replicas of the whole graph, one single-threaded copy per worker (as two 1-thread
-    onnxruntime sessions would), each run once on ``feeds`` so that its first request is not
-    slow; the compiled plan's own parts compiled again, not a re-partitioned copy."""
+def replica_plan(compiled: CompiledPlan, *, workers: int | None = None) -> StagePlan:
+    """Replicas of the whole graph, one thread each (as one 1-thread onnxruntime session per
+    core would serve): the compiled plan's own parts compiled again single-threaded (no
+    re-partition of a copy of the graph). One copy serves every worker: a part whose executable
+    is thread safe (onnxruntime) takes several callers at once, and one that is not lends a copy
+    per caller, compiling another only when all are busy (``CompiledPart``). Nothing is run here:
+    the first requests warm the copy."""
     graph = compiled.graph
     count = _workers(compiled, workers)
-    if compiled.runner is None:  # Ray: the driver has no compiled parts to copy
-        stages = _build_stages(compiled, [(0, len(graph.nodes))], threads=1)
-        stages[0].replicate(count)
-        return StagePlan(stages, [count], [0.0], 1, graph.output_names, kind="default")
-    # the compiled plan's own parts, compiled again single-threaded (no re-partition of a copy)
     runner = SequentialExecutor(graph, compile_parts(compiled.plan, compiled.backends, threads=1, busy_wait=False))
-    stages = [_whole_graph(compiled, runner)]
-    try:
-        stages[0].replicate(count)
-        for replica in range(count):
-            stages[0].run(dict(feeds), replica)
-    except BaseException:
-        _close_stages(stages)
-        raise
-    return StagePlan(stages, [count], [0.0], 1, graph.output_names, kind="default")
+    return StagePlan([_whole_graph(compiled, runner)], [count], [0.0], 1, graph.output_names, kind="default")
+
+
+def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
+    """What a stream serves on while the planner measures: ``replica_plan`` of the proven
+    placement (proven here on ``feeds`` if no request has run yet; a copy of a placement that a
+    concurrent first run re-partitioned is compiled again from the new one)."""
+    while True:
+        if not compiled.proven:
+            compiled.run(dict(feeds))
+        placement = compiled.plan
+        plan = replica_plan(compiled, workers=workers)
+        if compiled.plan is placement:
+            return plan
+        plan.close()
 
 
 def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int | str | None = "auto",
@@ -529,6 +532,7 @@ class Pipeline:
         for _ in range(self.max_in_flight):  # (a C queue: threading.Semaphore costs a Python Condition per call)
             self._slots.put(None)
         self._stop = threading.Event()
+        self.closed = threading.Event()  # set once close() has stopped every thread it waits for
         self._lock = threading.Lock()
         self._lanes: list[_Lane] = []
         self._next_plan: StagePlan | None = None
@@ -561,9 +565,9 @@ class Pipeline:
         lane.start()
         return lane
 
-    def _admit(self, source: Iterator[Any], check: Callable[[Any], dict] | None) -> None:
-        """The intake thread: pull, check and admit requests while slots are free."""
-        sequence = 0
+    def _admit(self, source: Iterator[Any], check: Callable[[Any], dict] | None, sequence: int) -> None:
+        """The intake thread: pull, check and admit requests (numbered from ``sequence``) while
+        slots are free."""
         lane = self._lanes[0]
         try:
             while True:
@@ -598,19 +602,20 @@ class Pipeline:
         self._results.put((sequence, _END, None))
 
     def serve(self, requests: Iterable[Mapping[str, Any]], *, check: Callable[[Any], dict] | None = None,
-              select: Callable[[dict], dict] | None = None) -> Iterator[dict[str, np.ndarray]]:
+              select: Callable[[dict], dict] | None = None, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """Yield the outputs of every request in input order. A failing request raises its error
-        at its turn (earlier results are all delivered) and stops the pipeline."""
+        at its turn (earlier results are all delivered) and stops the pipeline. ``start``: the
+        number of the first request (requests served before this pipeline, for error messages)."""
         if self._served or self._stop.is_set():
             raise SchedulerError("stream was closed while requests were in flight: a pipeline serves once")
         self._served = True
         source = iter(requests)
         finished: dict[int, tuple[Any, BaseException | None]] = {}
-        delivered = 0
+        delivered = start
         total: int | None = None
         try:
             self._lane(self.plan)
-            self._intake = threading.Thread(target=self._admit, args=(source, check),
+            self._intake = threading.Thread(target=self._admit, args=(source, check, start),
                                             name="edgeinfer-stage-intake", daemon=True)
             self._intake.start()
             while True:
@@ -673,6 +678,7 @@ class Pipeline:
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.detached = [t for t in threads if t.is_alive()]
+        self.closed.set()
         if self.detached and self.on_detach is not None:
             self.on_detach(self.detached)
 
@@ -688,18 +694,54 @@ def plans_in_background(stages: Any, replicas: Any) -> bool:
     return stages in (None, "auto") and replicas in (None, "auto")
 
 
+def first_run(compiled: CompiledPlan, feeds: dict[str, Any], timeout: float | None,
+              adopt: Callable[[list[threading.Thread]], None] | None) -> dict[str, Any]:
+    """Run a stream's first request on the compiled plan's own runner: it proves the placement
+    (a part failing its first run is re-partitioned) before stages copy it, and its result is
+    the stream's first. With ``timeout`` it runs on a thread of its own, detached (``adopt``)
+    if it takes longer."""
+    if timeout is None:
+        return compiled.run(feeds)
+    done: Future = Future()
+
+    def run() -> None:
+        try:
+            settle(done, result=compiled.run(feeds))
+        except BaseException as exc:  # noqa: BLE001 - raised to the consumer below
+            settle(done, error=exc)
+        finally:
+            compiled.release()
+
+    compiled.acquire()  # held open while it runs, however long after the stream gave up on it
+    worker = threading.Thread(target=run, name="edgeinfer-stage-first", daemon=True)
+    worker.start()
+    try:
+        return done.result(timeout=timeout)
+    except FutureTimeout:
+        if adopt is not None:
+            adopt([worker])
+        raise RequestTimeoutError(f"stream request 0 did not finish within {timeout} s") from None
+
+
 def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callable[[dict], Any],
            requests: Iterable[Mapping[str, Any]], *, stages: int | str | None,
            replicas: int | Sequence[int] | str | None, max_in_flight: int | None, timeout: float | None,
            check: Callable[[Any], dict], select: Callable[[dict], dict], register: Callable[[Pipeline], None],
            plan_budget: float | None = None, background: bool = True,
-           closed: Callable[[], bool] | None = None) -> Iterator[dict[str, np.ndarray]]:
+           closed: Callable[[], bool] | None = None,
+           adopt: Callable[[list[threading.Thread]], None] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """``Session.stream``: the compiled plan of the first request's signature (``lease`` keeps it
     open for the stream), its stage plan for this choice (planned once and kept), served through
-    a new pipeline. With ``stages="auto"`` and no plan yet, the stream starts on the default
-    plan and the planner runs beside it (``background``: from ``PLAN_DELAY_S`` into the stream, or
-    when it ends if sooner; it goes on after the stream ends, so the next stream finds the plan,
-    and stops when ``closed()``, the session's close) or first, within ``plan_budget``."""
+    a new pipeline. While the compiled plan has not run yet, the first request runs on it first
+    (``first_run``): it proves the placement, and its result is delivered first.
+
+    With ``stages="auto"`` and no measured plan yet, planning never stalls the stream: it is
+    served at once on the default plan (``default_plan``: one single-threaded copy of the whole
+    graph, one worker per core; compiled once per signature), and a planner thread measures the
+    candidates (``background``: from ``PLAN_DELAY_S`` into the stream, or when it ends if sooner;
+    within ``plan_budget``) and switches the stream to the measured plan. The planner goes on
+    after the stream ends, so the next stream finds the plan; it is the session's (``adopt``:
+    joined when the session closes; ``closed()`` stops it). ``background=False`` plans first."""
     source = iter(requests)
     try:
         first = next(source)
@@ -708,8 +750,7 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
     sample = check(first)
     signature = signature_of(sample)
     with lease(sample) as compiled:
-        if not compiled.proven and compiled.runner is not None:
-            compiled.run(sample)  # proves the placement (re-partitions a failing part) before stages copy it
+        served = first_run(compiled, sample, timeout, adopt) if not compiled.proven else None
         key = plan_key(stages, replicas, signature)
         plan = compiled.stage_plans.peek(key)
         pending = None
@@ -722,21 +763,36 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
         pipeline = Pipeline(plan, max_in_flight=max_in_flight, timeout=timeout)
         register(pipeline)
         if pending is not None:
-            def plan_then_switch() -> None:
-                pipeline._stop.wait(PLAN_DELAY_S)  # a short stream is served alone; a long one switches later
-                cancelled = closed if closed is not None else (lambda: False)
-                try:
-                    measured = compiled.stage_plan(pending, lambda: plan_stages(
-                        compiled, sample, stages=stages, replicas=replicas, budget=plan_budget,
-                        cancelled=cancelled))
-                except PlanningCancelled:
-                    return
-                except Exception as exc:  # noqa: BLE001 - the stream goes on with the default plan
-                    log.warning("stream planner failed (%s); serving on the default plan", exc)
-                    return
-                pipeline.switch(measured)
+            cancelled = closed if closed is not None else (lambda: False)
 
+            def plan_then_switch() -> None:
+                try:
+                    pipeline.closed.wait(PLAN_DELAY_S)  # a short stream is served alone; a long one switches later
+                    if not cancelled():
+                        pipeline.switch(compiled.stage_plan(pending, lambda: plan_stages(
+                            compiled, sample, stages=stages, replicas=replicas, budget=plan_budget,
+                            cancelled=cancelled)))
+                except PlanningCancelled:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - the stream goes on with the default plan
+                    if not cancelled():
+                        log.warning("stream planner failed (%s); serving on the default plan", exc)
+                finally:
+                    compiled.release()
+
+            compiled.acquire()  # held open for the planner, which outlives the stream's lease
             planner = threading.Thread(target=plan_then_switch, name="edgeinfer-stage-planner", daemon=True)
-            pipeline.helpers.append(planner)
             planner.start()
-        yield from pipeline.serve(itertools.chain([first], source), check=check, select=select)
+            if adopt is not None:
+                adopt([planner])
+            else:
+                pipeline.helpers.append(planner)
+        try:
+            if served is not None:
+                yield select({name: served[name] for name in plan.output_names})
+                source_rest, start = source, 1
+            else:
+                source_rest, start = itertools.chain([first], source), 0
+            yield from pipeline.serve(source_rest, check=check, select=select, start=start)
+        finally:
+            pipeline.close()

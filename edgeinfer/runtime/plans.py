@@ -24,6 +24,7 @@ from typing import Any
 
 from edgeinfer.errors import SchedulerError
 from edgeinfer.ir import Graph
+from edgeinfer.runtime.fallback import run_proving
 from edgeinfer.runtime.feeds import Signature
 
 log = logging.getLogger("edgeinfer.runtime.plans")
@@ -227,11 +228,21 @@ class CompiledPlan(Owned):
         return self.settings.threads
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        from edgeinfer.runtime.fallback import run_proving
-
+        if self.proven:  # (read first: a re-partition puts its runner in place before it is set)
+            return self.runner.run(feeds)
         if self.runner is None:
             raise SchedulerError("this plan has no local runner (executor='ray' runs on its actors)")
         return run_proving(self, feeds)
+
+    def direct_call(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        """What runs checked feeds with the fewest layers once the plan is proven (no re-partition
+        can replace its runner any more): the executable's own ``run`` where it alone is the plan
+        (``SequentialExecutor.direct_call``), else the runner's; None before the proof."""
+        runner = self.runner
+        if not self.proven or runner is None:
+            return None
+        direct = getattr(runner, "direct_call", None)
+        return (direct() if direct is not None else None) or runner.run
 
     def stage_plan(self, key: Hashable, build: Callable[[], Any]) -> Any:
         return self.stage_plans.get(key, build)

@@ -118,6 +118,7 @@ class Session:
         self._inputs = model.inputs
         self.plan_cache = PlanCache(plan_cache_size)  # CompiledPlan per signature (auto decisions)
         self._single: CompiledPlan | None = None  # the one plan when nothing depends on shapes
+        self._direct: Callable[[dict[str, Any]], dict[str, np.ndarray]] | None = None  # _single's, once proven
         self._current: CompiledPlan | None = None  # the plan used last
         self._async_pool: ThreadPoolExecutor | None = None
         self._streams: weakref.WeakSet = weakref.WeakSet()
@@ -241,15 +242,22 @@ class Session:
     # -- serving ------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run once. ``feeds`` maps input name -> array; returns output name -> array."""
-        self._check_open()
-        return self._select(self._run_checked(self._checker.check(feeds)), outputs)
+        if self._closed:
+            self._check_open()
+        direct = self._direct  # the one plan, proven: straight to what runs it
+        results = direct(self._checker.check(feeds)) if direct is not None else \
+            self._run_checked(self._checker.check(feeds))
+        return results if outputs is None else self._select(results, outputs)
 
     def _run_checked(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._ray_settings is not None:
             return next(iter(self._ray_pipeline(checked).serve([checked])))
         single = self._single
         if single is not None:
-            return single.run(checked)
+            results = single.run(checked)
+            if self._direct is None and single.proven:
+                self._direct = single.direct_call()
+            return results
         signature = self._checker.signature(checked)
         plan = self.plan_cache.acquire(signature, self._build(signature, checked))  # held open while it runs
         try:
@@ -287,7 +295,8 @@ class Session:
         replicas that maximise measured throughput on this machine's ``threads``). ``replicas``:
         workers per stage (an int for all, a list, or ``"auto"``: spare threads go to the bottleneck).
         With ``"auto"`` and no plan yet for this signature, ``plan="background"`` serves at once
-        on replicas of the whole graph and switches to the measured plan when it is ready;
+        on replicas of the whole graph (one single-threaded copy, one worker per core) and
+        switches to the measured plan when it is ready;
         ``plan="first"`` plans before serving. ``plan_budget``: seconds the planner may spend
         trying candidates (default the session's). Memory stays bounded whatever the stream's
         length (``max_in_flight`` requests at most). ``timeout``: seconds a request may take once
@@ -310,7 +319,7 @@ class Session:
                                max_in_flight=max_in_flight, timeout=timeout, check=self._checker.check,
                                select=lambda results: self._select(results, outputs), register=self._register,
                                plan_budget=plan_budget if plan_budget is not None else self.plan_budget,
-                               background=plan == "background", closed=lambda: self._closed)
+                               background=plan == "background", closed=lambda: self._closed, adopt=self._adopt)
 
     def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = None,
                       replicas: int | Sequence[int] | str | None = None):
@@ -387,7 +396,8 @@ class Session:
         pipeline.on_detach = self._adopt
 
     def _adopt(self, threads: list[threading.Thread]) -> None:
-        """Workers a stream detached (stuck past its timeout): joined before close() frees what they run."""
+        """Workers a stream detached (stuck past its timeout) and a stream's planner, which
+        outlives it: joined before close() frees what they run."""
         with self._lock:
             self._detached = [t for t in self._detached if t.is_alive()] + list(threads)
 
@@ -412,6 +422,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+            self._direct = None
             pool, self._async_pool = self._async_pool, None
             ray_pipeline, self._ray = self._ray, None
         for pipeline in list(self._streams):

@@ -15,7 +15,7 @@ from devkit import zoo
 from devkit.testing import assert_close
 from edgeinfer.errors import RequestTimeoutError
 
-from .backends import SLOW_MARK, FaultyBackend
+from .backends import SLOW_MARK, FaultyBackend, RecordingBackend
 from .threads import edgeinfer_threads
 
 WAIT_S = 5.0  # how long a source waits for the previous result before giving up (a failure)
@@ -81,7 +81,7 @@ def test_a_timeout_detaches_the_stuck_worker_and_close_joins_it(mlp):
 
 def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(mlp):
     """Planning never stalls a stream: the first results come from replicas of the whole graph
-    (one single-threaded copy per core, warmed once) while the planner measures beside them;
+    (one worker per core on one single-threaded copy) while the planner measures beside them;
     later requests run on the measured plan."""
     requests = frames(400)
     reference = ei.Session(mlp)
@@ -103,12 +103,52 @@ def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(ml
         default = session.stage_plans[("default", "N=1")]
         assert default.kind == "default" and len(default.stages) == 1 and default.replicas == [2]
         assert default.threads_per_worker == 1
+        assert len(default.stages[0].runners) == 1  # the thread-safe copy serves both workers
         measured = session.stage_plans[measured_key]
         assert measured.kind == "measured"
         assert served and served[0][0] is default and served[0][-1] is measured, served
     assert len(outs) == 400
     for index, out in enumerate(outs[:8]):
         assert_close(out["probs"], expected[index], name=f"request {index}")
+    assert not edgeinfer_threads()
+
+
+def test_the_first_request_proves_the_plan_and_nothing_runs_twice(mlp):
+    """A fresh session's first stream runs its first request on the session's own compiled plan
+    (that run proves the placement before the stream's copy is compiled from it) and delivers
+    its result first; the copy starts serving without a warm-up run: every request runs once."""
+    engine = RecordingBackend("recording", sleep=0.0)
+    requests = frames(6)
+    reference = ei.Session(mlp)
+    with ei.Session(mlp, backend=[engine, "numpy"], threads=2) as session:
+        own = session._runner.parts[0].executable()
+        outs = []
+        for out in session.stream(requests):
+            outs.append(out)
+        ended = time.perf_counter()  # the planner starts only once the stream is closed
+        with engine.lock:
+            ran = [interval for interval in engine.intervals if interval[2] < ended]
+        assert len(ran) == len(requests), ran
+        assert session._single.proven
+        first_thread = ran[0][1]
+        assert first_thread == threading.get_ident()  # the consumer's own thread, on the compiled plan
+        default = session.stage_plans[("default", "N=1")]
+        assert default.stages[0].runners[0].parts[0].executable() is not own
+    for index, (out, request) in enumerate(zip(outs, requests)):
+        assert_close(out["probs"], reference.run(request)["probs"], name=f"request {index}")
+    assert not edgeinfer_threads()
+
+
+def test_a_timeout_covers_the_first_request_too(mlp):
+    """The first request of a fresh session proves its plan; a timeout holds for it as for any
+    other: the stuck run is detached, and the session joins it when it closes."""
+    engine = FaultyBackend("slow", sleep=1.0)
+    session = ei.Session(mlp, backend=[engine, "numpy"], threads=2)
+    slow = {"x": np.full((1, 32), SLOW_MARK, np.float32)}
+    with pytest.raises(RequestTimeoutError, match="request 0 did not finish within 0.1 s"):
+        list(session.stream([slow, *frames(2)], timeout=0.1))
+    assert "edgeinfer-stage-first" in edgeinfer_threads()  # still inside the engine: detached
+    session.close()
     assert not edgeinfer_threads()
 
 
