@@ -82,7 +82,7 @@ class FeedChecker:
                         t.dtype is not None and not dtypes.is_tensor_type(t.dtype)) for t in self.inputs]
         # every input a tensor (the common case): (name, numpy dtype) is all a check looks up
         self._containers = any(spec[4] or spec[1] is None for spec in self._specs)
-        self._tensors = [(name, want) for name, want, _, _, _ in self._specs]
+        self._tensors = [(name, want, fixed) for name, want, _, fixed, _ in self._specs]
         self._symbolic_inputs = tuple(dict.fromkeys(name for name, _, _ in self._symbolic))
         self._signatures: dict[tuple, Signature] = {}  # the shapes of the symbolic inputs -> signature
         self._valid_shapes: set[tuple] = set()  # feed shapes (in input order) that passed the shape checks
@@ -117,31 +117,45 @@ class FeedChecker:
         """A copy of ``feeds`` (arrays as given, lists made arrays) once they match the inputs."""
         if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError(f"feeds: expected a dict of input name -> array, got {type(feeds).__name__}")
-        if feeds.keys() != self._names:
-            expected = self.expected
-            unknown = [k for k in feeds if k not in expected]
-            missing = [k for k in expected if k not in feeds]
-            raise InputError(f"feeds: expected inputs {list(expected)}, got {list(feeds)}"
-                             + (f" (unknown: {unknown})" if unknown else "")
-                             + (f" (missing: {missing})" if missing else ""))
-        if self._containers:
+        if len(feeds) != len(self._names) or self._containers:
             return self._check_with_containers(feeds)
         checked = dict(feeds)  # the caller may change its dict later (a stream holds this one)
         shapes = []
-        for name, want in self._tensors:
-            array = checked[name]
-            if type(array) is not np.ndarray:
-                array = checked[name] = np.asarray(array)
-            dtype = array.dtype
-            if dtype is not want and dtype != want and not (want.kind == "O" and dtype.kind in "OUS"):
-                raise InputError(f"input {name!r}: expected dtype {self.expected[name].dtype}, got {dtype}")
-            shapes.append(array.shape)
-        key = tuple(shapes)
-        if key not in self._valid_shapes:  # shapes seen before passed already: nothing to check again
-            self._check_shapes(key)
+        varying = False
+        try:
+            for name, want, fixed in self._tensors:
+                array = checked[name]  # as many names as inputs: a missing one means an unknown one
+                if type(array) is not np.ndarray:
+                    array = checked[name] = np.asarray(array)
+                dtype = array.dtype
+                if dtype is not want and dtype != want and not (want.kind == "O" and dtype.kind in "OUS"):
+                    raise InputError(f"input {name!r}: expected dtype {self.expected[name].dtype}, got {dtype}")
+                shape = array.shape
+                if shape != fixed:  # a symbolic dim, or a fixed one that differs
+                    varying = True
+                shapes.append(shape)
+        except KeyError:
+            self._check_names(feeds)
+            raise
+        if varying:
+            key = tuple(shapes)
+            if key not in self._valid_shapes:  # shapes seen before passed already: nothing to check again
+                self._check_shapes(key)
         return checked
 
+    def _check_names(self, feeds: Mapping[str, Any]) -> None:
+        """``InputError`` unless ``feeds`` names exactly the inputs."""
+        if feeds.keys() == self._names:
+            return
+        expected = self.expected
+        unknown = [k for k in feeds if k not in expected]
+        missing = [k for k in expected if k not in feeds]
+        raise InputError(f"feeds: expected inputs {list(expected)}, got {list(feeds)}"
+                         + (f" (unknown: {unknown})" if unknown else "")
+                         + (f" (missing: {missing})" if missing else ""))
+
     def _check_with_containers(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        self._check_names(feeds)
         checked = {}
         shapes = []
         for name, want, _, _, container in self._specs:

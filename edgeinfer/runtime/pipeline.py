@@ -294,10 +294,14 @@ def replica_plan(compiled: CompiledPlan, *, workers: int | None = None) -> Stage
 def default_plan(compiled: CompiledPlan, feeds: Mapping[str, Any], *, workers: int | None = None) -> StagePlan:
     """What a stream serves on while the planner measures: ``replica_plan`` of the proven
     placement (proven here on ``feeds`` if no request has run yet; a copy of a placement that a
-    concurrent first run re-partitioned is compiled again from the new one)."""
+    concurrent first run re-partitioned is compiled again from the new one). A plan compiled
+    single-threaded already is that copy: one worker serves on it, and nothing is compiled."""
     while True:
         if not compiled.proven:
             compiled.run(dict(feeds))
+        if compiled.threads == 1 and _workers(compiled, workers) == 1:
+            graph = compiled.graph
+            return StagePlan([_sequential(compiled)], [1], [0.0], 1, graph.output_names, kind="default")
         placement = compiled.plan
         plan = replica_plan(compiled, workers=workers)
         if compiled.plan is placement:

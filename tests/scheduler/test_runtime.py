@@ -298,3 +298,25 @@ def test_feed_checks_remember_only_shapes_that_passed():
     assert str(checker.signature(checker.check(other))) == "N=7"
     with pytest.raises(InputError, match="expected dtype float32"):
         checker.check({"a": good["a"].astype(np.float64), "b": good["b"]})
+
+
+def test_feed_checks_of_fixed_shapes_names_and_lists():
+    """Fixed-shape inputs are compared with their shape on every call (no memo needed): a
+    wrong one is refused after good ones; a feed under another name (with the right count of
+    feeds) is refused naming both; a list or a Python number becomes an array of its own
+    dtype, refused if that is not the input's."""
+    from edgeinfer.model import TensorInfo
+    from edgeinfer.runtime.feeds import FeedChecker
+
+    checker = FeedChecker([TensorInfo("x", "float32", (1, 3)), TensorInfo("s", "int64", ())])
+    good = {"x": np.zeros((1, 3), np.float32), "s": np.array(16000)}
+    checked = checker.check(good)
+    assert checked == good and checked is not good
+    with pytest.raises(InputError, match=r"dim 1 must be 3"):
+        checker.check({**good, "x": np.zeros((1, 4), np.float32)})
+    with pytest.raises(InputError, match=r"\(unknown: \['X'\]\) \(missing: \['x'\]\)"):
+        checker.check({"X": good["x"], "s": good["s"]})
+    with pytest.raises(InputError, match="input 'x': expected dtype float32, got float64"):
+        checker.check({**good, "x": [[0.0, 1.0, 2.0]]})
+    ints = checker.check({**good, "s": 16000})  # a Python int becomes an int64 scalar array
+    assert isinstance(ints["s"], np.ndarray) and ints["s"].dtype == np.int64 and ints["s"].shape == ()

@@ -139,6 +139,21 @@ def test_the_first_request_proves_the_plan_and_nothing_runs_twice(mlp):
     assert not edgeinfer_threads()
 
 
+def test_a_single_threaded_session_streams_on_its_own_compiled_plan(mlp):
+    """With threads=1 the session's compiled plan is already the single-threaded copy a stream
+    would compile: the default plan serves on it."""
+    requests = frames(5)
+    reference = ei.Session(mlp)
+    with ei.Session(mlp, backend="onnxruntime", threads=1) as session:
+        outs = list(session.stream(requests))
+        default = session.stage_plans[("default", "N=1")]
+        assert default.replicas == [1]
+        assert default.stages[0].runner.parts[0] is session._runner.parts[0]
+    for index, (out, request) in enumerate(zip(outs, requests)):
+        assert_close(out["probs"], reference.run(request)["probs"], name=f"request {index}")
+    assert not edgeinfer_threads()
+
+
 def test_a_timeout_covers_the_first_request_too(mlp):
     """The first request of a fresh session proves its plan; a timeout holds for it as for any
     other: the stuck run is detached, and the session joins it when it closes."""
