@@ -737,7 +737,9 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
     """``Session.stream``: the compiled plan of the first request's signature (``lease`` keeps it
     open for the stream), its stage plan for this choice (planned once and kept), served through
     a new pipeline. While the compiled plan has not run yet, the first request runs on it first
-    (``first_run``): it proves the placement, and its result is delivered first.
+    (``first_run``): it proves the placement, and its result is delivered before anything is
+    compiled for the stream (a live source gets it at once; the copy compiles while the source
+    readies its next request).
 
     With ``stages="auto"`` and no measured plan yet, planning never stalls the stream: it is
     served at once on the default plan (``default_plan``: one single-threaded copy of the whole
@@ -754,7 +756,13 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
     sample = check(first)
     signature = signature_of(sample)
     with lease(sample) as compiled:
-        served = first_run(compiled, sample, timeout, adopt) if not compiled.proven else None
+        start = 0
+        if not compiled.proven:  # delivered before any stage is compiled from the plan it proved
+            served = first_run(compiled, sample, timeout, adopt)
+            yield select({name: served[name] for name in compiled.graph.output_names})
+            if closed is not None and closed():
+                raise SchedulerError("session is closed: expected an open Session, create a new one")
+            start = 1
         key = plan_key(stages, replicas, signature)
         plan = compiled.stage_plans.peek(key)
         pending = None
@@ -791,12 +799,5 @@ def stream(lease: Callable[[dict], AbstractContextManager], signature_of: Callab
                 adopt([planner])
             else:
                 pipeline.helpers.append(planner)
-        try:
-            if served is not None:
-                yield select({name: served[name] for name in plan.output_names})
-                source_rest, start = source, 1
-            else:
-                source_rest, start = itertools.chain([first], source), 0
-            yield from pipeline.serve(source_rest, check=check, select=select, start=start)
-        finally:
-            pipeline.close()
+        rest = source if start else itertools.chain([first], source)
+        yield from pipeline.serve(rest, check=check, select=select, start=start)
