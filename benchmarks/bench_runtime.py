@@ -20,8 +20,10 @@
    - edgeinfer second stream(): after the planner's measured plan is ready (steady state);
 3. overhead: ``Session.run`` over the raw onnxruntime session on the same model, and over its
    own executable (what the runtime's Python layers add), in microseconds per call and in
-   percent: the bench's MobileNetV2, a tiny MLP (~10 us a call: the layers' cost shows) and,
-   when its wheel is in the corpus cache (tests/real), silero VAD (a 0.1 ms real model);
+   percent, wall time and (at one engine thread) the calling thread's CPU time, which other
+   processes' load leaves out: the bench's MobileNetV2 (at 1 and ``--threads``), a tiny MLP
+   (~10 us a call: the layers' cost shows) and, when its wheel is in the corpus cache
+   (tests/real), silero VAD (a 0.1 ms real model);
 4. partition: a 5,000-node graph with 2,500 backend alternations.
 
 Usage::
@@ -168,24 +170,28 @@ def first_stream(model: ei.Model, proto: Any, requests: int, threads: int, round
             "steady_vs_best_raw": median["steady_vs_best_raw"], "plans": plans}
 
 
-def per_call_us(runs: dict[str, Any], *, block: int, rounds: int) -> dict[str, float]:
-    """Median microseconds per call of each contender: ``rounds`` interleaved rounds (the order
-    reversed every other round), each a turn of settling calls (``ENGINE_SETTLE_S``) then
-    ``block`` timed calls in one timing, so that a call of a few microseconds is timed as a
-    mean over the block rather than against the timer's own cost."""
+def per_call_us(runs: dict[str, Any], *, block: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """Median microseconds per call of each contender, (wall, CPU of the calling thread):
+    ``rounds`` interleaved rounds (the order reversed every other round), each a turn of
+    settling calls (``ENGINE_SETTLE_S``) then ``block`` timed calls in one timing, so that a
+    call of a few microseconds is timed as a mean over the block rather than against the
+    timer's own cost. With one engine thread the engine computes on the calling thread, so its
+    CPU time leaves out the time other processes held the core (a loaded machine)."""
     names = list(runs)
-    samples: dict[str, list[float]] = {name: [] for name in names}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
             run = runs[name]
             settle_until = time.perf_counter() + ENGINE_SETTLE_S
             while time.perf_counter() < settle_until:
                 run()
-            start = time.perf_counter()
+            cpu, start = time.thread_time(), time.perf_counter()
             for _ in range(block):
                 run()
-            samples[name].append((time.perf_counter() - start) / block * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+            samples[name].append(((time.perf_counter() - start) / block * 1e6,
+                                  (time.thread_time() - cpu) / block * 1e6))
+    return {name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+            for name, values in samples.items()}
 
 
 def overhead_of(label: str, model: Any, source: Any, feeds: dict[str, Any], threads: int, *, block: int,
@@ -199,11 +205,13 @@ def overhead_of(label: str, model: Any, source: Any, feeds: dict[str, Any], thre
         checked = session._check_feeds(feeds)
         us = per_call_us({"raw onnxruntime": lambda: raw(feeds), "Session.run": lambda: session.run(feeds),
                           "its executable.run": lambda: executable.run(checked)}, block=block, rounds=rounds)
-    return {"model": label, "threads": threads, **{f"{k} us": v for k, v in us.items()},
-            "overhead": us["Session.run"] / us["raw onnxruntime"] - 1,
-            "overhead_us": us["Session.run"] - us["raw onnxruntime"],
-            "layers_overhead": us["Session.run"] / us["its executable.run"] - 1,
-            "layers_us": us["Session.run"] - us["its executable.run"]}
+    row: dict[str, Any] = {"model": label, "threads": threads}
+    for kind, at in (("", 0), ("cpu ", 1)):
+        row.update({f"{kind}{k} us": v[at] for k, v in us.items()})
+        raw_us, run_us, own_us = (us[k][at] for k in ("raw onnxruntime", "Session.run", "its executable.run"))
+        row.update({f"{kind}overhead": run_us / raw_us - 1, f"{kind}overhead_us": run_us - raw_us,
+                    f"{kind}layers_overhead": run_us / own_us - 1, f"{kind}layers_us": run_us - own_us})
+    return row
 
 
 def silero() -> tuple[Path, ei.Model, dict[str, np.ndarray]] | None:
@@ -223,18 +231,22 @@ def silero() -> tuple[Path, ei.Model, dict[str, np.ndarray]] | None:
 
 
 def overhead(light: Any, light_model: ei.Model, threads: int, rounds: int) -> list[dict[str, Any]]:
-    rows = [overhead_of("mobilenet_v2 96px x0.5", light_model, light, zoo.example_inputs(light), threads,
-                        block=5, rounds=rounds)]
+    """Each model at one engine thread (its CPU time is then the call's own, whatever the load)
+    and MobileNetV2 at ``threads`` too."""
+    light_feeds = zoo.example_inputs(light)
+    rows = [overhead_of("mobilenet_v2 96px x0.5", light_model, light, light_feeds, 1, block=5, rounds=rounds)]
+    if threads != 1:
+        rows.append(overhead_of("mobilenet_v2 96px x0.5", light_model, light, light_feeds, threads, block=5,
+                                rounds=rounds))
     tiny = zoo.mlp_symbolic_batch(seed=3)
-    rows.append(overhead_of("mlp 32-64-64-10", ei.convert(tiny), tiny, zoo.example_inputs(tiny), threads,
+    rows.append(overhead_of("mlp 32-64-64-10", ei.convert(tiny), tiny, zoo.example_inputs(tiny), 1,
                             block=200, rounds=rounds))
     found = silero()
     if found is None:
         rows.append({"model": "silero_vad", "skipped": "its wheel is not in the corpus cache (run tests/real)"})
     else:
         path, model, feeds = found
-        rows.append(overhead_of("silero_vad", model, path.read_bytes(), feeds, threads,
-                                block=20, rounds=rounds))
+        rows.append(overhead_of("silero_vad", model, path.read_bytes(), feeds, 1, block=20, rounds=rounds))
     return rows
 
 
@@ -303,9 +315,12 @@ def main() -> None:
             if "skipped" in r:
                 print(f"run overhead, {r['model']}: skipped ({r['skipped']})", flush=True)
                 continue
-            print(f"run overhead, {r['model']}: raw onnxruntime {r['raw onnxruntime us']:.1f} us, Session.run "
-                  f"{r['Session.run us']:.1f} us ({r['overhead']:+.1%}, {r['overhead_us']:+.2f} us); over its own "
-                  f"executable {r['layers_overhead']:+.1%} ({r['layers_us']:+.2f} us)", flush=True)
+            cpu = (f"; thread CPU {r['cpu raw onnxruntime us']:.1f} vs {r['cpu Session.run us']:.1f} us "
+                   f"({r['cpu overhead']:+.1%}, {r['cpu overhead_us']:+.2f} us; layers {r['cpu layers_us']:+.2f} us)"
+                   if r["threads"] == 1 else "")
+            print(f"run overhead, {r['model']}, {r['threads']} thread(s): raw onnxruntime {r['raw onnxruntime us']:.1f} "
+                  f"us, Session.run {r['Session.run us']:.1f} us ({r['overhead']:+.1%}, {r['overhead_us']:+.2f} us), "
+                  f"over its own executable {r['layers_overhead']:+.1%} ({r['layers_us']:+.2f} us){cpu}", flush=True)
     if "first_stream" in args.only:
         results["first_stream"] = first_stream(light_model, light, args.requests, args.threads, args.stream_rounds)
         first = results["first_stream"]
