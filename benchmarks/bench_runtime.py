@@ -163,8 +163,11 @@ def first_stream(model: ei.Model, proto: Any, requests: int, threads: int, round
         rates["steady_vs_best_raw"] = rates["edgeinfer second stream()"] / best_raw
         per_round.append(rates)
     median = {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}
+    fastest = {key: max(r[key] for r in per_round) for key in (seq_label, par_label, first_label)}
     return {"requests": requests, "rounds": per_round, "per_s": {k: v for k, v in median.items() if "_vs_" not in k},
             "first_vs_best_raw": median["first_vs_best_raw"],
+            # under load that comes and goes, each contender's fastest pass is the nearest to a quiet one
+            "fastest_first_vs_fastest_raw": fastest[first_label] / max(fastest[seq_label], fastest[par_label]),
             "first_per_round": [r["first_vs_best_raw"] for r in per_round],
             "built_vs_best_raw_built": median["built_vs_best_raw_built"],
             "steady_vs_best_raw": median["steady_vs_best_raw"], "plans": plans}
@@ -327,7 +330,8 @@ def main() -> None:
         for label, rate in first["per_s"].items():
             print(f"  {label}: {rate:.1f} requests/s")
         print(f"median of {len(first['rounds'])} rounds: first stream {first['first_vs_best_raw']:.2f}x the better "
-              f"warm raw baseline (rounds {' '.join(f'{r:.2f}' for r in first['first_per_round'])}); from "
+              f"warm raw baseline (rounds {' '.join(f'{r:.2f}' for r in first['first_per_round'])}; fastest "
+              f"passes {first['fastest_first_vs_fastest_raw']:.2f}x); from "
               f"construction on both sides {first['built_vs_best_raw_built']:.2f}x; steady "
               f"{first['steady_vs_best_raw']:.2f}x")
     results["load_after"] = os.getloadavg()
