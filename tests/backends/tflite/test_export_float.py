@@ -69,3 +69,48 @@ def test_symbolic_batch_resizes(zoo_models):
         (got,) = run_flatbuffer(data, feeds)
         assert_close(got, ei.Session(model).run(feeds)["probs"], **FP32)
     assert np.asarray(got).shape == (5, 10)
+
+
+def test_fp16_fully_connected_weights_stay_fp16_and_delegated(tmp_path):
+    """A Dense layer of a float16-weight file re-exports as the original has it: its weights
+    float16 behind DEQUANTIZE (written as float32 constants, XNNPACK left those FULLY_CONNECTEDs
+    to the builtin kernels, splitting MediaPipe's hand landmark model into two delegate
+    partitions), the same operators, one XNNPACK partition, LiteRT's outputs."""
+    tf = pytest.importorskip("tensorflow")
+    litert = pytest.importorskip("ai_edge_litert.interpreter")
+    x = tf.keras.Input((8, 8, 3), batch_size=1)
+    y = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(16, 3, activation="relu")(x))
+    keras_model = tf.keras.Model(x, [tf.keras.layers.Dense(1, activation="sigmoid")(y), tf.keras.layers.Dense(5)(y)])
+    converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.target_spec.supported_types = [tf.float16]
+    original = tmp_path / "fp16_dense.tflite"
+    original.write_bytes(converter.convert())
+    exported = tmp_path / "again.tflite"
+    ei.export(ei.convert(original), exported)
+
+    def plan(path):
+        interpreter = litert.Interpreter(model_path=str(path), num_threads=1)
+        interpreter.allocate_tensors()
+        feed = np.random.default_rng(5).standard_normal((1, 8, 8, 3)).astype(np.float32)
+        interpreter.set_tensor(interpreter.get_input_details()[0]["index"], feed)
+        interpreter.invoke()
+        outputs = sorted((interpreter.get_tensor(d["index"]) for d in interpreter.get_output_details()),
+                         key=lambda a: a.shape)
+        delegated = sum(op["op_name"] == "DELEGATE" for op in interpreter._get_ops_details())
+        return outputs, delegated
+
+    from edgeinfer.converters.tflite.reader import read_model
+
+    def fc_weight_makers(path):
+        graph = read_model(path.read_bytes()).subgraphs[0]
+        made = {t: op.opcode for op in graph.operators for t in op.outputs}
+        return [made.get(op.inputs[1]) for op in graph.operators if op.opcode == "FULLY_CONNECTED"]
+
+    assert fc_weight_makers(exported) == fc_weight_makers(original) == ["DEQUANTIZE", "DEQUANTIZE"]
+    assert sorted(o for o in opcodes(exported.read_bytes()) if o != "RELU") == \
+        sorted(o for o in opcodes(original.read_bytes()) if o != "RELU")
+    (want, delegated_original), (got, delegated) = plan(original), plan(exported)
+    assert delegated == delegated_original == 1
+    for value, ref in zip(got, want, strict=True):
+        assert_close(value, ref, **FP32)

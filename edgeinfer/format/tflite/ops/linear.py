@@ -47,8 +47,12 @@ def fully_connected(ctx: OpContext, weight_perm: tuple[int, int], *, alpha: floa
         weight = ctx.input(1, weight_perm)
         bias = int8_bias(ctx, 2, ctx.quant(1).scale, units)
     else:
-        data = ctx.const(1)
-        weight = ctx.constant(np.ascontiguousarray(np.transpose(data, weight_perm) * np.float32(alpha)), "weights")
+        if alpha == 1.0 and ctx.const(1).dtype == np.float32:
+            weight = ctx.input(1, weight_perm)  # the weight itself (a float16-stored one stays so, as the original)
+        else:
+            data = ctx.const(1)
+            weight = ctx.constant(np.ascontiguousarray(np.transpose(data, weight_perm) * np.float32(alpha)),
+                                  "weights")
         bias = float_bias(ctx, 2, units, beta)
     keep = len(ctx.out_shape()) > 2
     ctx_shape = ctx.out_shape()
