@@ -78,13 +78,15 @@ def _pre_transpose_value(view: GraphView, name: str, new_name: str, perm: tuple[
 
 
 def _push_below(view: GraphView, root: Node, inputs: list[str], perm: tuple[int, ...],
-                attrs: dict | None = None, initializers: dict | None = None) -> Rewrite:
+                attrs: dict | None = None, initializers: dict | None = None,
+                stored_like: dict | None = None) -> Rewrite:
     """``root`` on ``inputs`` (already in pre-transpose layout), then ``T_perm`` into its output."""
     out = root.outputs[0]
     inner = view.fresh(f"{out}_pre_T")
     moved = root.with_(inputs=tuple(inputs), outputs=(inner,), attrs=attrs if attrs is not None else root.attrs)
     transpose = Node("Transpose", [inner], [out], {"perm": perm}, name=view.fresh(f"{out}_T"))
-    return Rewrite([moved, transpose], dict(initializers or {}), [_pre_transpose_value(view, out, inner, perm)])
+    return Rewrite([moved, transpose], dict(initializers or {}), [_pre_transpose_value(view, out, inner, perm)],
+                   dict(stored_like or {}))
 
 
 # -- pair ---------------------------------------------------------------------------------------
@@ -159,7 +161,7 @@ def _match_nary(view: GraphView, node: Node) -> Match | None:
 def _rewrite_nary(view: GraphView, match: Match) -> Rewrite:
     root, perm, transposes = match.root, match["perm"], match["transposes"]
     inverse = _inverse(perm)
-    inputs, inits = [], {}
+    inputs, inits, stored_like = [], {}, {}
     for index, name in enumerate(root.inputs):
         if index in transposes:
             inputs.append(transposes[index].inputs[0])
@@ -171,8 +173,9 @@ def _rewrite_nary(view: GraphView, match: Match) -> Rewrite:
         full = data.reshape((1,) * (len(perm) - data.ndim) + data.shape)
         new_name = view.fresh(f"{name}_T")
         inits[new_name] = np.ascontiguousarray(full.transpose(inverse))
+        stored_like[new_name] = name  # a float16-stored slope (PRelu's) stays float16-stored
         inputs.append(new_name)
-    return _push_below(view, root, inputs, perm, initializers=inits)
+    return _push_below(view, root, inputs, perm, initializers=inits, stored_like=stored_like)
 
 
 # -- concat -----------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import numpy as np
 from edgeinfer.errors import PassError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.names import fresh_name
+from edgeinfer.ir.weights import stored_weight_dtype, with_stored_weights
 from edgeinfer.passes.manager import PassResult, graph_pass
 
 MAX_SWEEPS = 64
@@ -129,6 +130,9 @@ class Rewrite:
     nodes: list[Node]
     initializers: dict[str, np.ndarray] = field(default_factory=dict)
     values: list[Value] = field(default_factory=list)  # types of new intermediate values
+    # new initializer -> the initializer it re-lays out (a transpose or reshape of its values): it is
+    # stored as that one is (a float16-stored weight stays float16 in the .eim and a TFLite export)
+    stored_like: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,15 +210,23 @@ def _sweep(graph: Graph, rules: Sequence[Rule], level: int, fired: dict[str, int
     nodes: list[Node] = []
     inits = graph.initializers
     infos = graph.value_info()
+    narrow: dict[str, list[str]] = {}
     for node in graph.nodes:
         rewrite = replaced.get(id(node))
         if rewrite is not None:
             nodes.extend(rewrite.nodes)
             inits.update(rewrite.initializers)
             infos.extend(rewrite.values)
+            for new, old in rewrite.stored_like.items():
+                kind = stored_weight_dtype(graph, old)
+                if kind is not None:
+                    narrow.setdefault(kind, []).append(new)
         elif id(node) not in removed:
             nodes.append(node)
-    return rebuild(graph, nodes, inits, infos)
+    result = rebuild(graph, nodes, inits, infos)
+    for kind, names in narrow.items():
+        result.metadata = with_stored_weights(result.metadata, names, kind)
+    return result
 
 
 def rebuild(graph: Graph, nodes: Iterable[Node], initializers: Mapping[str, np.ndarray],

@@ -71,15 +71,17 @@ def test_symbolic_batch_resizes(zoo_models):
     assert np.asarray(got).shape == (5, 10)
 
 
-def test_fp16_fully_connected_weights_stay_fp16_and_delegated(tmp_path):
-    """A Dense layer of a float16-weight file re-exports as the original has it: its weights
-    float16 behind DEQUANTIZE (written as float32 constants, XNNPACK left those FULLY_CONNECTEDs
-    to the builtin kernels, splitting MediaPipe's hand landmark model into two delegate
-    partitions), the same operators, one XNNPACK partition, LiteRT's outputs."""
+def test_fp16_weights_of_dense_and_prelu_stay_fp16_and_delegated(tmp_path):
+    """Dense and PReLU layers of a float16-weight file re-export as the original has them: the
+    weights and slopes float16 behind DEQUANTIZE (written as float32 constants, XNNPACK left those
+    FULLY_CONNECTEDs to the builtin kernels, splitting MediaPipe's hand landmark model into two
+    delegate partitions; a PRelu slope moved across a layout Transpose lost its float16 storage),
+    the same operators, one XNNPACK partition, LiteRT's outputs."""
     tf = pytest.importorskip("tensorflow")
     litert = pytest.importorskip("ai_edge_litert.interpreter")
     x = tf.keras.Input((8, 8, 3), batch_size=1)
-    y = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(16, 3, activation="relu")(x))
+    y = tf.keras.layers.PReLU(shared_axes=[1, 2])(tf.keras.layers.Conv2D(16, 3)(x))
+    y = tf.keras.layers.GlobalAveragePooling2D()(tf.keras.layers.Conv2D(16, 3, activation="relu")(y))
     keras_model = tf.keras.Model(x, [tf.keras.layers.Dense(1, activation="sigmoid")(y), tf.keras.layers.Dense(5)(y)])
     converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -102,12 +104,12 @@ def test_fp16_fully_connected_weights_stay_fp16_and_delegated(tmp_path):
 
     from edgeinfer.converters.tflite.reader import read_model
 
-    def fc_weight_makers(path):
+    def weight_makers(path):
         graph = read_model(path.read_bytes()).subgraphs[0]
         made = {t: op.opcode for op in graph.operators for t in op.outputs}
-        return [made.get(op.inputs[1]) for op in graph.operators if op.opcode == "FULLY_CONNECTED"]
+        return [made.get(op.inputs[1]) for op in graph.operators if op.opcode in ("FULLY_CONNECTED", "PRELU")]
 
-    assert fc_weight_makers(exported) == fc_weight_makers(original) == ["DEQUANTIZE", "DEQUANTIZE"]
+    assert weight_makers(exported) == weight_makers(original) == ["DEQUANTIZE"] * 3
     assert sorted(o for o in opcodes(exported.read_bytes()) if o != "RELU") == \
         sorted(o for o in opcodes(original.read_bytes()) if o != "RELU")
     (want, delegated_original), (got, delegated) = plan(original), plan(exported)
