@@ -22,6 +22,7 @@ Usage::
 
     python benchmarks/bench_real.py [--only rapidocr silero] [--runs 10] [--threads 2] [--backends tflite openvino]
         [--warmup 2] [--out docs/real_models.md | --no-write] [--json results.json]
+    python benchmarks/bench_real.py --convert-only [--runs 3] [--only ...]   # conversion seconds only
 """
 
 from __future__ import annotations
@@ -184,6 +185,35 @@ def measure(entry: RealModel, *, backends: Sequence[str], threads: int, runs: in
     return row
 
 
+def convert_times(entries: Sequence[RealModel], repeats: int) -> None:
+    """``--convert-only``: the seconds ``ei.convert`` takes on each entry, ``repeats`` times in this
+    process (the median, then the fastest and slowest: the first conversion of a format also
+    imports its converter and framework), against issue 22's target of 2 s."""
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'model':45s} {'format':16s} {'median s':>8s} {'min s':>6s} {'max s':>6s}  < 2 s")
+    over = []
+    for entry in entries:
+        source = entry.source()
+        feeds = [np.asarray(f) for f in entry.feeds()]
+        kwargs = entry.convert_kwargs(feeds) if callable(entry.convert_kwargs) else entry.convert_kwargs
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            try:
+                ei.convert(source, **kwargs)
+            except ei.EdgeInferError as exc:
+                print(f"{entry.id:45s} {entry.format:16s} refused: {short(exc)}")
+                break
+            seconds.append(time.perf_counter() - start)
+        if seconds:
+            median = float(np.median(seconds))
+            over += [entry.id] if median >= 2.0 else []
+            print(f"{entry.id:45s} {entry.format:16s} {median:8.2f} {min(seconds):6.2f} {max(seconds):6.2f}  "
+                  f"{'yes' if median < 2.0 else 'NO'}", flush=True)
+    print(f"over 2 s: {', '.join(over) or 'none'}")
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def cell(result: dict[str, Any] | None) -> str:
     if result is None:
         return ""
@@ -247,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--backends", nargs="+", help="time only these backends besides auto and native "
                         "(default: every installed one)")
+    parser.add_argument("--convert-only", action="store_true",
+                        help="only time ei.convert on each entry (--runs times each: median, min, max) against 2 s")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.runs < 1 or args.threads < 1 or args.warmup < 0:
@@ -254,6 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     ids = {m.id for m in MODELS}  # a word that is a whole id keeps that entry only (nudenet/320n, not its _static)
     entries = [m for m in MODELS if not args.only
                or any(word == m.id if word in ids else word in m.id for word in args.only)]
+    if args.convert_only:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            convert_times(entries, args.runs)
+        return
     backends = installed_backends()
     if args.backends:
         unknown = sorted(set(args.backends) - set(backends))
