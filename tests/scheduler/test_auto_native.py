@@ -148,3 +148,43 @@ def test_a_native_engine_that_leaves_nodes_to_numpy_is_no_whole_graph_candidate(
         assert choice.median_ms["tflite,numpy"] == pytest.approx(1.0)
     finally:
         choice.prepared[2].close()
+
+
+@pytest.mark.parametrize("native", ["onnxruntime", "tflite"])
+def test_the_native_engine_compiles_one_part_as_the_raw_engine_would(onnx_model, monkeypatch, native):
+    """Kept, the native engine runs the whole graph as one part compiled with the raw engine's
+    settings: onnxruntime with every graph optimization, the caller's intra-op threads and its
+    spinning workers (as ``InferenceSession`` defaults to), LiteRT with XNNPACK on that many threads."""
+    model = Model(onnx_model.graph, {"source_format": "onnx" if native == "onnxruntime" else "tflite"})
+    _fake_timing(monkeypatch, {f"{native},numpy": 1.0e-3, "numpy": 1.0e-3})
+    choice = auto.measure(model, [["numpy"]], model.random_feeds(seed=0), threads=2, device="cpu",
+                          fallback=False, options={}, native=native)
+    try:
+        assert choice.backends == [native, "numpy"] and choice.native == f"{native},numpy"
+        backends, plan, runner = choice.prepared
+        assert [part.backend for part in plan.parts] == [native]
+        (part,) = runner.parts
+        executable = part.executable()
+        if native == "onnxruntime":
+            import onnxruntime as ort
+
+            options = executable.session_options
+            raw = ort.SessionOptions()
+            assert options.intra_op_num_threads == 2
+            assert options.graph_optimization_level == raw.graph_optimization_level == \
+                ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            assert options.execution_mode == raw.execution_mode
+            assert options.enable_mem_pattern == raw.enable_mem_pattern
+            assert options.enable_cpu_mem_arena == raw.enable_cpu_mem_arena
+            try:  # absent: onnxruntime's default, spinning on
+                spinning = options.get_session_config_entry("session.intra_op.allow_spinning")
+            except RuntimeError:
+                spinning = "1"
+            assert spinning == "1"
+        else:
+            stats = executable.stats()
+            assert (stats["num_threads"], stats["op_resolver"], stats["delegate"]) == (2, "auto", None)
+        reference = ei.Session(model, backend="numpy").run(model.random_feeds(seed=0))
+        assert_close(runner.run(model.random_feeds(seed=0))["logits"], reference["logits"], rtol=1e-4, atol=1e-5)
+    finally:
+        choice.prepared[2].close()
