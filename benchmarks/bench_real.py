@@ -119,10 +119,10 @@ def thread_times(runs: dict[str, Callable[[], Any]], *, calls: int, warmup: int,
     (``time.thread_time``) instead of the wall clock. With one engine thread the call computes
     on the calling thread, so the time other processes take the core away is not counted: on a
     shared machine the engines' own cost (the CPU's caches and memory are still shared).
-    ``shares`` gets each contender's CPU time over its wall time: well below 1 where an engine
-    computes on threads of its own, whose time this does not count."""
+    ``shares`` gets each contender's CPU time on this thread over the whole process's: well below
+    1 where an engine computes on threads of its own, whose time this does not count."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    walls: dict[str, float] = dict.fromkeys(runs, 0.0)
+    process_cpu: dict[str, float] = dict.fromkeys(runs, 0.0)  # the process's CPU time
     for run in runs.values():
         for _ in range(warmup):
             run()
@@ -131,12 +131,12 @@ def thread_times(runs: dict[str, Callable[[], Any]], *, calls: int, warmup: int,
             for _ in range(SETTLE_CALLS):
                 run()
             for _ in range(ENGINE_BLOCK):
-                start, wall = time.thread_time(), time.perf_counter()
+                start, process = time.thread_time(), time.process_time()
                 run()
                 times[name].append(time.thread_time() - start)
-                walls[name] += time.perf_counter() - wall
+                process_cpu[name] += time.process_time() - process
     if shares is not None:
-        shares.update({name: sum(times[name]) / max(walls[name], 1e-12) for name in runs})
+        shares.update({name: sum(times[name]) / max(process_cpu[name], 1e-12) for name in runs})
     return {name: samples[:calls] for name, samples in times.items()}
 
 
