@@ -39,12 +39,14 @@ from edgeinfer.backends.onnxruntime.int8 import (
     wide_weight,
 )
 from edgeinfer.ir import Graph
+from edgeinfer.ir.names import fresh_name
 
 EXACT_OUTPUT = 127  # round(4 * 255 * 127 / 1020)
 EXACT = "exact"
 EXACT_REWRITE = "exact (u8 weights, zp+128: float kernels)"
 WIDENED = ("MatMulInteger", "ConvInteger")  # OpenVINO computes these exactly on every CPU (measured)
 
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 _lock = threading.Lock()
 _probed: list[int] = []
 
@@ -114,3 +116,39 @@ def exact_graph(graph: Graph) -> tuple[Graph, str | None]:
 def graph_integer_path(graph: Graph) -> str | None:
     """The integer path OpenVINO's CPU plugin takes for ``graph`` here (see ``exact_graph``)."""
     return exact_graph(graph)[1]
+
+
+def own_quantization_parameters(graph: Graph) -> Graph:
+    """``graph`` with a copy of each constant scale and zero point for every QuantizeLinear and
+    DequantizeLinear that shares it with another (the first keeps the original).
+
+    OpenVINO's ONNX frontend makes one Constant per initializer, shared by every node reading
+    it, and its low-precision transformations change such a constant in place: moving the
+    dequantization through a Pad along channels (MediaPipe's residual branch pads 16 -> 32
+    channels) widens the zero point to the padded shape, ``[1, 32, 1, 1]``, and the
+    dequantization in front of a Conv reading the same constant then fails to compile
+    ("Argument shapes are inconsistent", the INT8 face landmark model). Scales and zero points
+    are scalars or one value per channel: the copies cost a few bytes."""
+    initializers = graph.initializers
+    taken = set(graph.values) | {n.name for n in graph.nodes if n.name}
+    seen: set[str] = set()
+    nodes = []
+    for node in graph.nodes:
+        if node.op_type not in QDQ_OPS or node.domain:
+            nodes.append(node)
+            continue
+        inputs = list(node.inputs)
+        for index in (1, 2):
+            name = inputs[index] if index < len(inputs) else ""
+            if name not in initializers:
+                continue
+            if name in seen:
+                copy = fresh_name(f"{name}_{node.name or node.outputs[0]}", taken)
+                taken.add(copy)
+                initializers[copy] = initializers[name]
+                inputs[index] = copy
+            seen.add(name)
+        nodes.append(node.with_(inputs=tuple(inputs)) if inputs != list(node.inputs) else node)
+    if len(initializers) == len(graph.initializers):
+        return graph
+    return graph.replace(nodes, initializers=initializers)

@@ -21,11 +21,11 @@ from edgeinfer.backends.openvino import int8  # noqa: E402
 from edgeinfer.backends.openvino.backend import OpenVinoBackend  # noqa: E402
 
 
-def _model(nodes: list, inputs: dict[str, np.ndarray], consts: dict) -> onnx.ModelProto:
+def _model(nodes: list, inputs: dict[str, np.ndarray], consts: dict, outputs=("y",)) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes, "int8",
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in inputs.items()],
-        [helper.make_empty_tensor_value_info("y")], [numpy_helper.from_array(np.asarray(a), n) for n, a in consts.items()])
+        [helper.make_empty_tensor_value_info(name) for name in outputs], [numpy_helper.from_array(np.asarray(a), n) for n, a in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
     return onnx.shape_inference.infer_shapes(model, strict_mode=True)
@@ -130,3 +130,49 @@ def test_compile_takes_the_exact_path_where_the_kernels_saturate(rng):
     dtypes = {a.dtype for a in executable.graph.initializers.values() if a.size > 1}
     assert np.dtype(np.uint8) in dtypes and np.dtype(np.int8) not in dtypes
     assert_close(executable.run(feeds)["y"], exact, int_steps=1)
+
+
+def _conv_beside_channel_pad(rng):
+    """MediaPipe's face-landmark block in QDQ form: one quantized tensor read by a strided
+    depthwise Conv (pads 0,0,1,1) and by MaxPool -> Pad along channels (16 -> 32), every
+    QuantizeLinear/DequantizeLinear reading the same scale and zero point initializers (as
+    ``ei.quantize`` writes them). OpenVINO's Pad transformation widened the shared zero point to
+    32 channels in place, and compiling failed: "Argument shapes are inconsistent"."""
+    channels, xz, ys, yz = 16, 92, np.float32(0.25), 130
+    x = rng.integers(0, 256, (1, channels, 12, 12), dtype=np.uint8)
+    w = rng.integers(-127, 128, (channels, 1, 3, 3), dtype=np.int8)
+    scales = rng.uniform(0.002, 0.02, channels).astype(np.float32)
+    consts = {"s": np.float32(0.1), "z": np.uint8(xz), "w": w, "ws": scales, "ys": ys, "yz": np.uint8(yz),
+              "pads": np.array([0, 0, 0, 0, 0, channels, 0, 0], np.int64)}
+    conv = {"group": channels, "kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 1, 1]}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], **conv),
+             helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["y"]),
+             helper.make_node("MaxPool", ["xd"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("QuantizeLinear", ["m", "s", "z"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["md"]),
+             helper.make_node("Pad", ["md", "pads"], ["p"]),
+             helper.make_node("QuantizeLinear", ["p", "s", "z"], ["padded"])]
+    model = _model(nodes, {"x": x}, consts, outputs=("y", "padded"))
+    acc = integer_conv(x, w, xz, 0, group=channels, strides=[2, 2], pads=[0, 0, 1, 1])
+    exact_y = requantize(acc, np.float64(0.1) * scales / np.float64(ys), yz, np.uint8)
+    pooled = x.reshape(1, channels, 6, 2, 6, 2).max(axis=(3, 5))
+    exact_padded = np.pad(pooled, [(0, 0), (0, channels), (0, 0), (0, 0)], constant_values=xz)  # real 0 is zp
+    return model, {"x": x}, {"y": exact_y, "padded": exact_padded}
+
+
+def test_conv_beside_a_channel_pad_sharing_its_zero_point_compiles_and_is_exact(rng):
+    model, feeds, exact = _conv_beside_channel_pad(rng)
+    graph = ei.convert(model, optimize=0).graph
+    qdq = [n for n in graph.nodes if n.op_type in int8.QDQ_OPS]
+    assert len({n.inputs[2] for n in qdq if n.inputs[1] == "s"}) == 1  # the shared constants reach the backend
+    got = OpenVinoBackend(device="cpu").compile(graph).run(feeds)
+    assert_close(got["y"], exact["y"], int_steps=1)
+    np.testing.assert_array_equal(got["padded"], exact["padded"])
+    owned = int8.own_quantization_parameters(graph)
+    owned.verify()
+    readers = [name for n in owned.nodes if n.op_type in int8.QDQ_OPS for name in n.inputs[1:3] if name]
+    assert len(readers) == len(set(readers))  # every scale and zero point read once
+    assert_close(ei.Session(ei.Model(owned), backend="numpy").run(feeds)["y"],
+                 ei.Session(ei.Model(graph), backend="numpy").run(feeds)["y"])
