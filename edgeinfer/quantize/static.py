@@ -36,7 +36,13 @@ from edgeinfer.quantize.data import Feeds, open_source, sample_count
 from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT, MIN_FOR_HOLD_OUT
 from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
-from edgeinfer.quantize.qdq import StaticOptions, build_qdq_graph, plan_quantization, weights_summary
+from edgeinfer.quantize.qdq import (
+    StaticOptions,
+    build_qdq_graph,
+    layer_name,
+    plan_quantization,
+    weights_summary,
+)
 
 LOWERED_FOR_QUANTIZATION = ("FusedConv", "FusedGemm", "FusedMatMul")
 FLOAT32_TYPE = 1  # onnx.TensorProto.FLOAT
@@ -146,8 +152,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if set(_graph_of(model).input_names) != set(graph.input_names):
         raise InputError("calibration was collected on a different model: its inputs "
                          f"{graph.input_names} differ from {_graph_of(model).input_names}")
-    exclude = frozenset(exclude)
-    _check_layer_names(exclude, graph, _graph_of(model))
+    exclude = _layer_names(frozenset(exclude), graph, _graph_of(model))
     ranges = calibration.ranges(method, activations, **dict(method_options or {}))
     options = StaticOptions(activation_type(activations), per_channel, exclude, reduce_range, quantize_outputs)
     plan = plan_quantization(graph, ranges, options)
@@ -171,18 +176,28 @@ def quantizable_layers(calibration: Calibration, *, activations: str = "uint8", 
     return plan_quantization(calibration.graph, ranges, options).layers
 
 
-def _check_layer_names(names: frozenset[str], *graphs: Graph) -> None:
-    """Every name in ``names`` must name a node (or a node's output) of one of ``graphs``."""
+def _layer_names(names: frozenset[str], *graphs: Graph) -> frozenset[str]:
+    """``names`` as layer names (``qdq.layer_name``: a node's name, else its first output): a
+    node's output stands for its node. Every name must name a node (or a node's output) of one
+    of ``graphs``; the first graph's nodes win (the prepared graph the plan is made on)."""
     if not names:
-        return
-    known = {name for g in graphs for n in g.nodes for name in (n.name, *n.outputs) if name}
-    unknown = sorted(names - known)
+        return names
+    known: dict[str, str] = {}
+    for g in graphs:  # node names before outputs: a node named like another's output is that node
+        known.update((n.name, n.name) for n in g.nodes if n.name and n.name not in known)
+    for g in graphs:
+        for n in g.nodes:
+            for name in n.outputs:
+                if name:
+                    known.setdefault(name, layer_name(n))
+    unknown = sorted(names - set(known))
     if unknown:
         import difflib
 
         hints = [h for name in unknown for h in difflib.get_close_matches(name, known, n=1)]
         raise InputError(f"exclude {unknown}: no such layer in the model (expected node names"
                          + (f"; did you mean {hints}?" if hints else ", e.g. from --report's table") + ")")
+    return frozenset(known[name] for name in names)
 
 
 def _graph_of(model: Model | Graph) -> Graph:

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 from helpers import ort_optimized_ops, reference_run, sqnr
@@ -97,10 +99,14 @@ def test_symmetric_int8_activations_keep_the_clamps(cnn):
     assert sqnr(reference, ei.Session(model, backend="onnxruntime").run(feeds)["logits"]) > 20
 
 
-def test_excluded_layer_stays_float(cnn):
+@pytest.mark.parametrize("by", ["node", "output"])
+def test_excluded_layer_stays_float(cnn, by):
+    """A layer named by its node name or by its first output stays float (the output name was
+    accepted and silently ignored: the layer was quantized)."""
     proto, fused, _, calibration = cnn
     first_conv = next(n for n in calibration.graph.nodes if n.op_type == "Conv")
-    model = quantize_static(fused, calibration, exclude=[first_conv.name])
+    model = quantize_static(fused, calibration, exclude=[first_conv.name if by == "node" else first_conv.outputs[0]])
+    assert json.loads(model.metadata["quantization"])["excluded"] == [first_conv.name]
     kept = next(n for n in model.graph.nodes if n.name == first_conv.name)
     assert model.graph.values[kept.inputs[1]].const.dtype == np.float32
     assert model.graph.producer(kept.inputs[1]) is None
