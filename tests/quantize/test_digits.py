@@ -1,6 +1,8 @@
 """The issue's targets on real data: a CNN trained on scikit-learn's digits, calibrated on
 training images, evaluated on the held-out split."""
 
+import json
+
 import numpy as np
 import pytest
 from digits_model import top1
@@ -184,6 +186,26 @@ def test_min_sqnr_keeps_layers_float_until_the_target_holds(fp32, digits):
     # measured on calibration batches; the test images get within a dB of it
     assert output_quality(fp32.graph, mixed.graph, held_out)[0].sqnr_db >= target - 1.0
     assert _accuracy(mixed, digits, "numpy") == pytest.approx(_accuracy(fp32, digits, "numpy"), abs=0.3)
+
+
+def test_min_sqnr_quantizes_again_the_float_layers_it_does_not_need(fp32, calibration, digits):
+    """The noise rounds keep a layer float with the layers it reads; pruning quantizes again
+    every one the target holds without: fewer float layers, the target still met."""
+    from edgeinfer.quantize.guard import output_quality
+    from edgeinfer.quantize.sensitivity import quantize_to_sqnr
+
+    feeds = [{"image": batch} for batch in _batches(digits.train_x)[:4]]
+    plain = quantize_static(fp32, calibration)
+    target = output_quality(fp32.graph, plain.graph, feeds)[0].sqnr_db + 2.0
+    greedy = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse", prune=False)
+    pruned = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse")
+    assert greedy.within_budget and pruned.within_budget
+    assert set(pruned.kept_float) < set(greedy.kept_float)
+    assert output_quality(fp32.graph, pruned.model.graph, feeds)[0].sqnr_db >= target
+    record = json.loads(pruned.model.metadata["quantization"])["mixed_precision"]
+    assert record["float_layers"] == len(pruned.kept_float)
+    returned = [r for r in record["reasons"] if r["reason"].startswith("quantized again")]
+    assert set(returned[0]["layers"]) == set(greedy.kept_float) - set(pruned.kept_float)
 
 
 def test_min_sqnr_with_an_accuracy_budget_is_an_error(fp32, digits):
