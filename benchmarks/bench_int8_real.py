@@ -10,7 +10,8 @@ method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quant
 same calibration samples, run on onnxruntime. ``cle`` is the default method after cross-layer
 equalization (``equalize=True``), ``mixed`` the default method with ``min_sqnr`` mixed precision
 (the target per model: ``MIXED_TARGET_DB``, measured by the search on calibration samples; the
-column ``float`` counts the layers it kept float), ``cle_mixed`` both (``ei.quantize(equalize=True,
+column ``float`` counts the layers it kept float), ``mixed_pruned`` that search with ``prune=True`` (float layers the target holds without are
+quantized again), ``cle_mixed`` both (``ei.quantize(equalize=True,
 min_sqnr=...)``: the search runs on the equalized graph). ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
@@ -23,7 +24,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed cle_mixed ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_pruned cle_mixed ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             target = MIXED_TARGET_DB[task.name]
             measure("mixed", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
                                                               method=DEFAULT_METHOD).model, calibration))
+        if "mixed_pruned" in variants:  # min_sqnr's stage 3 (prune=True), not on by default
+            target = MIXED_TARGET_DB[task.name]
+            measure("mixed_pruned", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
+                                                                     method=DEFAULT_METHOD, prune=True).model, calibration))
         if "cle_mixed" in variants:
             def with_cle_mixed() -> ei.Model:
                 model, equalized_calibration = equalized_and_calibrated()
@@ -266,7 +271,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "cle_mixed", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_pruned", "cle_mixed", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")

@@ -198,7 +198,7 @@ def test_min_sqnr_quantizes_again_the_float_layers_it_does_not_need(fp32, calibr
     plain = quantize_static(fp32, calibration)
     target = output_quality(fp32.graph, plain.graph, feeds)[0].sqnr_db + 2.0
     greedy = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse", prune=False)
-    pruned = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse")
+    pruned = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse", prune=True)
     assert greedy.within_budget and pruned.within_budget
     assert set(pruned.kept_float) < set(greedy.kept_float)
     assert output_quality(fp32.graph, pruned.model.graph, feeds)[0].sqnr_db >= target
