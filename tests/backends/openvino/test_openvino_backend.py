@@ -357,20 +357,20 @@ def test_eight_threads_run_one_executable_at_once(hint):
     inputs = [zoo.example_inputs(proto, seed=seed) for seed in range(8)]
     expected = [ort_direct(proto, feeds)["logits"] for feeds in inputs]
     results: dict[int, list[np.ndarray]] = {}
-    requests: dict[int, int] = {}
+    requests: dict[int, object] = {}  # the requests themselves: a finished thread's would free its id
     barrier = threading.Barrier(8)
 
     def work(index: int) -> None:
         barrier.wait()
         results[index] = [executable.run(inputs[index])["logits"] for _ in range(25)]
-        requests[index] = id(executable._request())
+        requests[index] = executable._request()
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(set(requests.values())) == 8  # one infer request per thread
+    assert len({id(request) for request in requests.values()}) == 8  # one infer request per thread
     for index, ref in enumerate(expected):
         for got in results[index]:
             assert_close(got, ref, rtol=RTOL, atol=ATOL)
