@@ -25,7 +25,9 @@ tensor that is exactly the element-wise product of two others (a quantized bias'
 ``x_scale * w_scale``, declared by the quantizer in the graph's ``weight_products`` metadata,
 ``edgeinfer.ir.weights``) may be stored as ``{"dtype": "float32", "shape", "product": [i, j]}``:
 the reader multiplies tensors i and j (stored ones, float32, broadcasting to the shape) on load;
-the writer stores it so only when the product gives the same bits. Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
+the writer stores it so only when the product gives the same bits.
+
+Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
 the large ones; it stores the document compressed and byte-identical tensors once. Version
 1.0 (still read) aligned every tensor to 64, required L to be a multiple of 64 and stored the

@@ -63,10 +63,29 @@ def with_stored_weights(metadata: Mapping[str, str], names: Iterable[str], dtype
     table: dict[str, list[str]] = {}
     for name, kind in stored_weights(metadata).items():
         table.setdefault(kind, []).append(name)
-    listed = table.setdefault(dtype, [])
-    listed.extend(n for n in names if n not in set(listed))
-    out = dict(metadata)
-    out[STORAGE_KEY] = json.dumps({k: sorted(set(v)) for k, v in table.items() if v}, sort_keys=True)
+    table.setdefault(dtype, []).extend(names)
+    return _with_storage_table(metadata, table)
+
+
+def with_live_stored_weights(metadata: Mapping[str, str], present: Mapping[str, object]) -> dict[str, str]:
+    """``metadata`` whose weight-storage list names only weights in ``present`` (the graph's
+    initializers): a weight replaced (an int8 one now) is no longer listed."""
+    declared = stored_weights(metadata)
+    if not declared:
+        return dict(metadata)
+    table: dict[str, list[str]] = {}
+    for name, kind in declared.items():
+        if name in present:
+            table.setdefault(kind, []).append(name)
+    return _with_storage_table(metadata, table)
+
+
+def _with_storage_table(metadata: Mapping[str, str], table: Mapping[str, list[str]]) -> dict[str, str]:
+    """``metadata`` with its weight-storage list set to ``table`` (dtype -> names); the key is
+    removed when no name is left."""
+    out = {k: v for k, v in metadata.items() if k != STORAGE_KEY}
+    if any(table.values()):
+        out[STORAGE_KEY] = json.dumps({k: sorted(set(v)) for k, v in table.items() if v}, sort_keys=True)
     return out
 
 

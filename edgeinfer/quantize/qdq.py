@@ -15,7 +15,9 @@ of zeros is dropped, and every bias scale is declared in the graph's ``weight_pr
 metadata as ``x_scale * w_scale`` (computed as that float32 product), which the ``.eim`` file
 stores as two references instead of its bytes. With int8 weights at 0.25x by construction, these
 per-channel tensors were what kept small INT8 models above 0.30x their fp32 file (MediaPipe's
-face detector: 0.338x, now 0.298x; ``benchmarks/bench_int8_real.py``). A graph output keeps its name: the producer writes ``T_prequant`` and the DequantizeLinear
+face detector: 0.338x, now 0.298x; ``benchmarks/bench_int8_real.py --sizes``).
+
+A graph output keeps its name: the producer writes ``T_prequant`` and the DequantizeLinear
 writes ``T``. Weight scales are raised where a bias would overflow int32 with
 ``x_scale * w_scale`` (the adjustment TFLite and onnxruntime make), and to ``SCALE_FLOOR``
 (and ``SCALE_FLOOR / x_scale`` for a bias's sake): a channel of near-zero weights would
@@ -35,7 +37,7 @@ from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
-from edgeinfer.ir.weights import STORAGE_KEY, stored_weights, with_weight_products
+from edgeinfer.ir.weights import with_live_stored_weights, with_weight_products
 from edgeinfer.quantize.methods import INT8, INT8_7BIT, INT32_BIAS, UINT8, QuantType, quant_params
 from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
 
@@ -464,28 +466,12 @@ def build_qdq_graph(graph: Graph, plan: QuantPlan, metadata: Mapping[str, object
     infos = [v.typed_like() for v in graph.value_info() if v.name in produced]
     infos += [graph.values[name].typed_like(pre) for name, pre in pre_name.items()]
     infos += [v for v in builder.types if v.name in produced]
-    meta = with_weight_products(_live_weight_storage(dict(graph.metadata), initializers), products)
+    meta = with_weight_products(with_live_stored_weights(graph.metadata, initializers), products)
     if metadata is not None:
         meta["quantization"] = json.dumps(dict(metadata), sort_keys=True)
     quantized = Graph(nodes, list(graph.inputs), list(graph.outputs), initializers, value_info=infos,
                       opset=graph.opset, name=graph.name, metadata=meta)
     return infer_types(quantized)
-
-
-def _live_weight_storage(metadata: dict[str, str], initializers: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """``metadata`` whose float16 weight-storage list names only the float weights still there
-    (the quantized ones are int8 now: listing them only fills the file's document)."""
-    declared = stored_weights(metadata)
-    if not declared:
-        return metadata
-    live: dict[str, list[str]] = {}
-    for name, dtype in declared.items():
-        if name in initializers:
-            live.setdefault(dtype, []).append(name)
-    metadata.pop(STORAGE_KEY, None)
-    if live:
-        metadata[STORAGE_KEY] = json.dumps({k: sorted(v) for k, v in live.items()}, sort_keys=True)
-    return metadata
 
 
 def _bias_nodes(builder: _Builder, graph: Graph, bias: _Bias, acts: dict[str, TensorParams],

@@ -29,8 +29,9 @@ QLinearMatMul, QLinearAdd, QLinearGlobalAveragePool, ...):
 
 The op that writes a graph output (directly, or through data movement only: the Transpose
 back to NHWC after a converted TFLite model's last Conv) keeps a float output unless
-``quantize_outputs`` is asked for: its inputs are quantized, the result it writes is not (logits, boxes and probabilities
-keep their precision; the engines have kernels with a float output).
+``quantize_outputs`` is asked for: its inputs are quantized, the result it writes is not
+(logits, boxes and probabilities keep their precision; the engines have kernels with a float
+output).
 """
 
 from __future__ import annotations
