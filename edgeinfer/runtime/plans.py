@@ -40,6 +40,11 @@ class Owned:
         self._retired = False
         self.closed = False
 
+    @property
+    def retired(self) -> bool:
+        """Whether it was told to go (it closes when its last user releases it)."""
+        return self._retired or self.closed
+
     def acquire(self) -> None:
         with self._owner_lock:
             if self.closed:

@@ -120,6 +120,8 @@ class Session:
         self._single: CompiledPlan | None = None  # the one plan when nothing depends on shapes
         self._direct: Callable[[dict[str, Any]], dict[str, np.ndarray]] | None = None  # _single's, once proven
         self._current: CompiledPlan | None = None  # the plan used last
+        # per signature: the last signature run, its proven plan, and what runs that plan directly
+        self._recent: tuple[Signature, CompiledPlan, Callable[[dict[str, Any]], dict[str, np.ndarray]]] | None = None
         self._async_pool: ThreadPoolExecutor | None = None
         self._streams: weakref.WeakSet = weakref.WeakSet()
         self._detached: list[threading.Thread] = []
@@ -259,10 +261,29 @@ class Session:
                 self._direct = single.direct_call()
             return results
         signature = self._checker.signature(checked)
+        recent = self._recent
+        if recent is not None and (recent[0] is signature or recent[0] == signature) and not recent[1].retired:
+            # the same signature as the last run: its plan, kept open while it runs, without the
+            # cache's lookup (it is the cache's most recent entry already) or the plan's layers
+            plan = recent[1]
+            try:
+                plan.acquire()
+            except SchedulerError:  # closed since (evicted): through the cache below
+                self._recent = None
+            else:
+                try:
+                    self._current = plan
+                    return recent[2](checked)
+                finally:
+                    plan.release()
         plan = self.plan_cache.acquire(signature, self._build(signature, checked))  # held open while it runs
         try:
             self._current = plan
-            return plan.run(checked)
+            results = plan.run(checked)
+            if plan.proven:
+                direct = plan.direct_call()
+                self._recent = (signature, plan, direct) if direct is not None else None
+            return results
         finally:
             plan.release()
 
@@ -422,7 +443,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
-            self._direct = None
+            self._direct = self._recent = None
             pool, self._async_pool = self._async_pool, None
             ray_pipeline, self._ray = self._ray, None
         for pipeline in list(self._streams):

@@ -133,6 +133,33 @@ def test_plan_cache_is_bounded_and_closes_what_it_evicts():
         assert out["probs"].shape == (1, 10) and session.plan_cache.built == 4
 
 
+
+def test_a_repeated_signature_runs_its_plan_without_the_cache_and_never_a_closed_one():
+    chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
+    reference = ei.Session(chain, backend="numpy")
+    rng = np.random.default_rng(0)
+    feeds = {batch: {"x": rng.standard_normal((batch, 32)).astype(np.float32)} for batch in (1, 2)}
+    with ei.Session(chain, executor="auto", plan_cache_size=1) as session:
+        looked_up = []
+        real = session.plan_cache.acquire
+
+        def acquire(key, build):
+            looked_up.append(key)
+            return real(key, build)
+
+        session.plan_cache.acquire = acquire
+        for batch in (1, 1, 1, 2, 2, 1, 1):
+            assert_close(session.run(feeds[batch])["probs"], reference.run(feeds[batch])["probs"],
+                         rtol=1e-5, atol=1e-6)
+        one, two = Signature((("N", 1),)), Signature((("N", 2),))
+        assert looked_up == [one, two, one]  # a signature's first run (or first after eviction) only
+        assert session.plan_cache.evicted == [one, two] and session.plan_cache.built == 3
+        recent = session.compiled_plans[one]
+        session.compiled_plan(feeds[2])  # evicts (and closes) the plan N=1 runs on, outside run()
+        assert recent.closed
+        assert_close(session.run(feeds[1])["probs"], reference.run(feeds[1])["probs"], rtol=1e-5, atol=1e-6)
+        assert looked_up[-1] == one and session.plan_cache.built == 5  # built again, not run closed
+
 def test_a_plan_in_use_is_closed_only_when_its_user_is_done():
     chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
     with ei.Session(chain, executor="auto", plan_cache_size=1) as session:

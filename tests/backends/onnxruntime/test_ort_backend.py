@@ -145,6 +145,44 @@ def test_executable_run_with_a_wrong_dtype_is_a_backend_error():
         executable.run({"x": np.zeros((1, 32), np.float64)})
 
 
+
+def test_executable_runs_the_engine_directly_as_the_public_run_would():
+    proto = zoo.mlp_symbolic_batch(seed=2)
+    executable = get_backend("onnxruntime").compile(convert(proto).graph, CompileOptions())
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)}
+    public = executable.session.run(None, feeds)  # onnxruntime's own checks, every call
+    got = executable.run(feeds)
+    assert list(got) == [o.name for o in executable.session.get_outputs()]
+    for name, array in zip(got, public, strict=True):
+        np.testing.assert_array_equal(got[name], array)
+    with pytest.raises(ei.BackendError, match="failed to run.*missing|failed to run.*Missing|failed to run.*input"):
+        executable.run({})  # what the public run would refuse, the engine refuses too, typed
+    executable.close()
+    with pytest.raises(ei.BackendError, match="closed"):
+        executable.run(feeds)
+
+
+def test_an_execution_provider_failure_goes_through_onnxruntimes_fallback(monkeypatch):
+    executable = get_backend("onnxruntime").compile(convert(zoo.mlp_symbolic_batch(seed=2)).graph, CompileOptions())
+    feeds = {"x": np.ones((2, 32), np.float32)}
+    expected = executable.run(feeds)
+    EPFail = type("EPFail", (RuntimeError,), {})  # onnxruntime's pybind class of that name
+    calls = []
+
+    def failing(*args):
+        raise EPFail("provider failed")
+
+    def public(names, given):
+        calls.append(names)
+        return [expected[name] for name in executable.output_names]
+
+    monkeypatch.setattr(executable, "_run", failing)
+    monkeypatch.setattr(executable.session, "run", public, raising=False)
+    got = executable.run(feeds)
+    assert calls == [None]  # the public run, which retries on the fallback providers
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+
 def test_supports_knows_onnx_ops_by_opset():
     backend = get_backend("onnxruntime")
     graph = Graph([], [], [], opset={"": 17})
