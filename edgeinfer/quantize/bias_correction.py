@@ -37,6 +37,7 @@ from edgeinfer.ir.names import fresh_name
 
 CORRECTED_OPS = ("Conv", "ConvTranspose", "Gemm")
 BIAS_CORRECTION_SAMPLES = 16  # calibration samples the shifts are measured on
+SIGNIFICANCE = 2.0  # a channel's shift is corrected when its mean is this many standard errors from 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class _Layer:
 
 
 def correct_biases(graph: Graph, plan_for, feeds: Sequence[dict], *, backend: str | None = None,
-                   zero_biases: bool = False, sequential: bool = True) -> tuple[Graph, list[CorrectedBias]]:
+                   zero_biases: bool = False, sequential: bool = True,
+                   significance: float = SIGNIFICANCE) -> tuple[Graph, list[CorrectedBias]]:
     """``graph`` (prepared, float) with the biases of its quantized Conv/ConvTranspose/Gemm
     layers corrected for the mean shift INT8 adds, and what was corrected. ``plan_for(graph)``
     is the ``QuantPlan`` quantization would make of a graph (the same ranges and options)."""
@@ -87,7 +89,9 @@ def correct_biases(graph: Graph, plan_for, feeds: Sequence[dict], *, backend: st
         return graph, []
     waves = _waves(named, layers)
     if not sequential:
-        return _with_corrected_biases(graph, named, layers, _weight_shifts(named, plan, layers, feeds, backend), waves)
+        shifts = _weight_shifts(named, plan, layers, feeds, backend)
+        return _with_corrected_biases(graph, named, layers, {k: _significant(v, significance) for k, v in shifts.items()},
+                                      waves)
     float_means = _channel_means(named, layers, feeds, backend, {})
     deltas = {layer.output: np.zeros(_delta_shape(layer, float_means[layer.output][1]), np.float32)
               for layer in layers}
@@ -98,7 +102,7 @@ def correct_biases(graph: Graph, plan_for, feeds: Sequence[dict], *, backend: st
         extra = {delta_inputs[layer.output]: deltas[layer.output] for layer in layers}
         measured = _channel_means(measuring, members, feeds, backend, extra, names=raw_outputs)
         for layer in members:
-            shift = measured[layer.output][0] - float_means[layer.output][0]
+            shift = _significant(measured[layer.output][0] - float_means[layer.output][0], significance)
             shifts[layer.output] = shift
             deltas[layer.output] = (-shift).astype(np.float32).reshape(deltas[layer.output].shape)
     return _with_corrected_biases(graph, named, layers, shifts, waves)
@@ -152,12 +156,12 @@ def _waves(graph: Graph, layers: list[_Layer]) -> dict[str, int]:
 def _channel_means(graph: Graph, layers: list[_Layer], feeds: Sequence[dict], backend: str | None,
                    extra: dict[str, np.ndarray], names: dict[str, str] | None = None
                    ) -> dict[str, tuple[np.ndarray, int]]:
-    """Per layer, the mean of its output per channel over ``feeds`` (and the output's rank)."""
+    """Per layer, the mean of its output per channel for each batch of ``feeds`` ([batches,
+    channels]), and the output's rank."""
     from edgeinfer.quantize.calibrate import run_batches
 
     names = names or {layer.output: layer.output for layer in layers}
-    sums: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    means: dict[str, list[np.ndarray]] = {}
     ranks: dict[str, int] = {}
     tensors = [names[layer.output] for layer in layers]
     for results in run_batches(graph, tensors, ({**f, **extra} for f in feeds), backend=backend,
@@ -166,17 +170,26 @@ def _channel_means(graph: Graph, layers: list[_Layer], feeds: Sequence[dict], ba
             data = np.asarray(results[names[layer.output]], np.float64)
             axis = layer.channel_axis % data.ndim
             moved = np.moveaxis(data, axis, 0).reshape(data.shape[axis], -1)
-            sums[layer.output] = sums.get(layer.output, 0.0) + moved.sum(axis=1)
-            counts[layer.output] = counts.get(layer.output, 0) + moved.shape[1]
+            means.setdefault(layer.output, []).append(moved.mean(axis=1))
             ranks[layer.output] = data.ndim
-    return {name: (sums[name] / counts[name], ranks[name]) for name in sums}
+    return {name: (np.stack(rows), ranks[name]) for name, rows in means.items()}
+
+
+def _significant(per_batch: np.ndarray, significance: float) -> np.ndarray:
+    """The mean of ``per_batch`` shifts [batches, channels], 0 on channels where it is within
+    ``significance`` standard errors of 0 (noise a correction would fit, not a bias)."""
+    mean = per_batch.mean(axis=0)
+    if significance <= 0 or per_batch.shape[0] < 2:
+        return mean
+    error = per_batch.std(axis=0, ddof=1) / np.sqrt(per_batch.shape[0])
+    return np.where(np.abs(mean) > significance * error, mean, 0.0)
 
 
 def _weight_shifts(graph: Graph, plan, layers: list[_Layer], feeds: Sequence[dict], backend: str | None
                    ) -> dict[str, np.ndarray]:
     """The fast variant: the shift weight rounding alone adds, ``(W_q - W) E[x]`` per output
-    channel with ``E[x]`` the float input's channel means (padding ignored). ConvTranspose and
-    Gemm with transA get none."""
+    channel with ``E[x]`` the float input's channel means (padding ignored), per batch.
+    ConvTranspose and Gemm with transA get none."""
     from edgeinfer.quantize.qdq import quantize_values, weight_params, weight_type
 
     inputs = [_Layer(layer.index, layer.node, layer.node.inputs[0], layer.bias, layer.channel_axis, layer.channels)
@@ -193,12 +206,12 @@ def _weight_shifts(graph: Graph, plan, layers: list[_Layer], feeds: Sequence[dic
         if params.axis is not None and scale.ndim:
             scale = scale.reshape([-1 if i == params.axis else 1 for i in range(weight.ndim)])
         error = quantize_values(weight, params).astype(np.float64) * scale - weight
-        shift = np.zeros(layer.channels)
+        shift = np.zeros((mean.shape[0], layer.channels))
         if node.op_type == "Conv":
             group = int(node.attrs.get("group", 1))
             summed = error.reshape(error.shape[0], error.shape[1], -1).sum(axis=2)
             per_group = summed.reshape(group, -1, summed.shape[1])
-            shift = np.einsum("gok,gk->go", per_group, mean.reshape(group, -1)).reshape(-1)
+            shift = np.einsum("gok,ngk->ngo", per_group, mean.reshape(mean.shape[0], group, -1)).reshape(mean.shape[0], -1)
         elif node.op_type == "Gemm" and not int(node.attrs.get("transA", 0)):
             shift = mean @ (error.T if int(node.attrs.get("transB", 0)) else error)
         shifts[layer.output] = shift
