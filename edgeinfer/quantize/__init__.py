@@ -80,7 +80,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     the mean shift INT8 adds to its output channels (``bias_correction.py``, Nagel et al.'s
     empirical bias correction), measured layer after layer on the first ``BIAS_CORRECTION_SAMPLES``
     calibration samples (none of the held-out ones); the same bytes. Not with ``min_sqnr`` or
-    ``max_accuracy_drop``.
+    ``max_accuracy_drop``. Off by default: on the corpus models (``benchmarks/bench_int8_real.py
+    --variants bc``) it raised YOLOv8n and PP-OCRv4 det but lowered the MediaPipe face models
+    with 8 calibration samples (README, "Mixed precision").
 
     Every static quantization ends with the quality guard (``guard.py``): INT8 against fp32
     on held-out calibration samples, per output SQNR and cosine, in the model's
@@ -134,7 +136,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
 
             correction = {"bias_correction": True, "backend": backend,
                           "bias_correction_feeds": calibration_feeds(calibration, calibration_data,
-                                                                     BIAS_CORRECTION_SAMPLES, **source)}
+                                                                     min(BIAS_CORRECTION_SAMPLES, calibration.samples),
+                                                                     **source)}
         return guarded(quantize_static(model, calibration, method=method, activations=activations,
                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
                                        quantize_outputs=quantize_outputs, **correction),

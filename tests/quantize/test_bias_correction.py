@@ -155,6 +155,8 @@ def test_quantize_with_bias_correction_records_it_and_refuses_the_searches():
     reference = _outputs(model, held_out)
     plain = quantize(model, feeds)
     assert sqnr(reference, _outputs(corrected, held_out)) > sqnr(reference, _outputs(plain, held_out))
+    limited = json.loads(quantize(model, feeds, bias_correction=True, limit=12).metadata["quantization"])
+    assert limited["bias_correction"]["samples"] == limited["calibration_samples"] < 12  # no sample past the limit
     with pytest.raises(InputError, match="bias_correction"):
         quantize(model, feeds, bias_correction=True, min_sqnr=30.0)
     with pytest.raises(InputError, match="calibration samples"):
