@@ -92,8 +92,7 @@ def correct_biases(graph: Graph, plan_for, feeds: Sequence[dict], *, backend: st
         found += [(by_id[node_id], index) for node_id, index in plan.dropped_inputs]
     layers = [_layer(named, position[id(node)], node, node.inputs[index]) for node, index in found
               if node.op_type in CORRECTED_OPS and not node.domain and index == 2]
-    layers.sort(key=lambda layer: layer.index)
-    layers = [layer for layer in layers if layer is not None]
+    layers = sorted((layer for layer in layers if layer is not None), key=lambda layer: layer.index)
     if not layers:
         return graph, []
     waves = _waves(named, layers)
