@@ -12,7 +12,11 @@ equalization (``equalize=True``), ``mixed`` the default method with ``min_sqnr``
 (the target per model: ``MIXED_TARGET_DB``, measured by the search on calibration samples; the
 column ``float`` counts the layers it kept float), ``mixed_pruned`` that search with ``prune=True`` (float layers the target holds without are
 quantized again), ``cle_mixed`` both (``ei.quantize(equalize=True,
-min_sqnr=...)``: the search runs on the equalized graph). ``size`` is the INT8 .eim over the fp32 .eim with
+min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
+correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SAMPLES`` calibration
+samples), ``cle_bc`` equalization then bias correction, ``bc_fast`` its fast variant (the shift
+of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``bc_zero`` bias correction that
+also corrects (and so stores) the zero biases the quantizer drops. ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
 ROUNDS`` it times instead: fp32 and INT8 (the default method) on onnxruntime in ROUNDS
@@ -24,7 +28,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_pruned cle_mixed ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import edgeinfer as ei  # noqa: E402
 from edgeinfer.ir.lowering import lower_graph  # noqa: E402
 from edgeinfer.ir.onnx_io import graph_to_model  # noqa: E402
 from edgeinfer.quantize import equalized, guarded  # noqa: E402
+from edgeinfer.quantize.bias_correction import BIAS_CORRECTION_SAMPLES  # noqa: E402
 from edgeinfer.quantize.methods import CALIBRATION_METHODS  # noqa: E402
 from edgeinfer.quantize.sensitivity import quantize_to_sqnr  # noqa: E402
 from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, quantize_static  # noqa: E402
@@ -146,6 +151,19 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
                 return guarded(quantize_static(model, equalized_calibration), equalized_calibration)
 
             measure("cle", with_cle)
+        def bias_corrected(model: ei.Model, model_calibration, **options: bool) -> ei.Model:
+            return guarded(quantize_static(model, model_calibration, bias_correction=True,
+                                           bias_correction_feeds=samples[:BIAS_CORRECTION_SAMPLES], **options),
+                           model_calibration)
+
+        if "bc" in variants:
+            measure("bc", lambda: bias_corrected(fp32, calibration))
+        if "bc_fast" in variants:
+            measure("bc_fast", lambda: bias_corrected(fp32, calibration, sequential_correction=False))
+        if "bc_zero" in variants:
+            measure("bc_zero", lambda: bias_corrected(fp32, calibration, correct_zero_biases=True))
+        if "cle_bc" in variants:
+            measure("cle_bc", lambda: bias_corrected(*equalized_and_calibrated()))
         if "mixed" in variants:
             target = MIXED_TARGET_DB[task.name]
             measure("mixed", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
@@ -271,7 +289,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_pruned", "cle_mixed", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")

@@ -158,6 +158,8 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
               help="Mixed precision: keep the noisiest layers float until every output's SQNR vs fp32 reaches DB.")
 @click.option("--equalize", is_flag=True,
               help="Cross-layer equalization before calibrating (per-channel ranges moved into the next Conv).")
+@click.option("--bias-correction", is_flag=True,
+              help="Correct each Conv/Gemm bias for the mean shift INT8 adds, measured on calibration samples.")
 @click.option("--eval", "evaluation", type=click.Path(path_type=Path),
               help="Labelled evaluation set: an .npz with the input array(s) (by input name) and 'labels'.")
 @click.option("--report", type=click.Path(path_type=Path),
@@ -166,7 +168,7 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
 @handle_errors
 def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, block_size: str,
                      zero_points: bool, max_accuracy_drop: float | None, min_sqnr: float | None, equalize: bool,
-                     evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
+                     bias_correction: bool, evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
     """Quantize MODEL (.eim or any convertible model) and write an .eim file.
 
     Example: edgeinfer quantize model.eim --calib images/ --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 -o model.int8.eim
@@ -188,9 +190,11 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
         extra = {"max_accuracy_drop": max_accuracy_drop, "evaluation": _load_evaluation(evaluation, model)}
     from edgeinfer.cli.progress import step_reporter
 
-    if (min_sqnr is not None or equalize) and (mode != "static" or weight_format != "int8"):
-        raise InputError("--min-sqnr and --equalize apply to static int8 quantization (--mode static --weights int8)")
-    extra.update({"min_sqnr": min_sqnr} if min_sqnr is not None else {}, **({"equalize": True} if equalize else {}))
+    if (min_sqnr is not None or equalize or bias_correction) and (mode != "static" or weight_format != "int8"):
+        raise InputError("--min-sqnr, --equalize and --bias-correction apply to static int8 quantization "
+                         "(--mode static --weights int8)")
+    extra.update({"min_sqnr": min_sqnr} if min_sqnr is not None else {}, **({"equalize": True} if equalize else {}),
+                 **({"bias_correction": True} if bias_correction else {}))
     if weight_format == "int4" or mode == "weight_only":
         quantized = _weight_only(model, model_path, weight_format, int(block_size), zero_points, quiet, calibration)
     else:

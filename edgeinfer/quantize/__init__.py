@@ -38,7 +38,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
              quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None,
-             layout: str | None = None) -> Model:
+             layout: str | None = None, bias_correction: bool = False) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -76,6 +76,14 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     reaches ``min_sqnr`` (``sensitivity.quantize_to_sqnr``); which layers, and why, is in the
     model's ``quantization`` metadata under ``mixed_precision``. A target not reached warns.
 
+    ``bias_correction=True`` (static): each quantized Conv/ConvTranspose/Gemm bias is corrected for
+    the mean shift INT8 adds to its output channels (``bias_correction.py``, Nagel et al.'s
+    empirical bias correction), measured layer after layer on the first ``BIAS_CORRECTION_SAMPLES``
+    calibration samples (none of the held-out ones); the same bytes. Not with ``min_sqnr`` or
+    ``max_accuracy_drop``. Off by default: on the corpus models (``benchmarks/bench_int8_real.py
+    --variants bc``) it raised YOLOv8n and PP-OCRv4 det but lowered the MediaPipe face models
+    with 8 calibration samples (README, "Mixed precision").
+
     Every static quantization ends with the quality guard (``guard.py``): INT8 against fp32
     on held-out calibration samples, per output SQNR and cosine, in the model's
     ``quantization`` metadata; below 15 dB or 0.99 a ``QuantizationQualityWarning`` names the
@@ -107,6 +115,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         model = equalized(model, calibration_data, backend=backend, **source)
     calibration = calibrate(model, calibration_data, limit=limit, backend=backend, progress=progress,
                             hold_out=True, **source)
+    if bias_correction and (min_sqnr is not None or max_accuracy_drop is not None):
+        raise InputError("bias_correction applies to plain static quantization, not with min_sqnr or max_accuracy_drop")
     if min_sqnr is not None:
         if max_accuracy_drop is not None:
             raise InputError("min_sqnr and max_accuracy_drop are two targets for the same search: give one")
@@ -120,9 +130,17 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
                           f"{len(result.kept_float)} layers in float", stacklevel=2)
         return guarded(result.model, calibration, backend)
     if max_accuracy_drop is None:
+        correction = {}
+        if bias_correction:
+            from edgeinfer.quantize.bias_correction import BIAS_CORRECTION_SAMPLES
+
+            correction = {"bias_correction": True, "backend": backend,
+                          "bias_correction_feeds": calibration_feeds(calibration, calibration_data,
+                                                                     min(BIAS_CORRECTION_SAMPLES, calibration.samples),
+                                                                     **source)}
         return guarded(quantize_static(model, calibration, method=method, activations=activations,
                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
-                                       quantize_outputs=quantize_outputs),
+                                       quantize_outputs=quantize_outputs, **correction),
                        calibration, backend)
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
@@ -180,6 +198,22 @@ def equalized(model: Model, calibration_data: Any, *, backend: str | None = None
     metadata["equalization"] = json.dumps({"pairs": len(pairs), "rescaled": [p.summary() for p in pairs]},
                                           sort_keys=True)
     return Model(graph, metadata)
+
+
+def calibration_feeds(calibration: Calibration, calibration_data: Any, count: int, **source: Any) -> list:
+    """The first ``count`` samples calibration used: every ``HOLD_OUT_EVERY``-th is skipped when
+    calibration held samples out (those are the guard's, unseen by any fitting)."""
+    from itertools import islice
+
+    from edgeinfer.quantize.data import open_source
+    from edgeinfer.quantize.guard import HOLD_OUT_EVERY
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # random data already warned once, at calibration
+        samples = open_source(calibration_data, calibration.graph, **source)
+        if calibration.held_out:
+            samples = (s for i, s in enumerate(samples, 1) if i % HOLD_OUT_EVERY)
+        return list(islice(samples, count))
 
 
 def sensitivity_feeds(calibration: Calibration, calibration_data: Any, count: int = 8, **source: Any) -> list:

@@ -138,9 +138,16 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
 def quantize_static(model: Model | Graph, calibration: Calibration, *, method: str = DEFAULT_METHOD,
                     activations: str = "uint8", per_channel: bool = True, exclude: Iterable[str] = (),
                     method_options: Mapping[str, float] | None = None, reduce_range: bool = False,
-                    quantize_outputs: bool = False) -> Model:
+                    quantize_outputs: bool = False, bias_correction: bool = False,
+                    bias_correction_feeds: Sequence[Feeds] | None = None, backend: str | None = None,
+                    correct_zero_biases: bool = False, sequential_correction: bool = True) -> Model:
     """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
     ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``).
+
+    ``bias_correction``: the biases of the quantized Conv/ConvTranspose/Gemm layers are first
+    corrected for the mean shift INT8 adds (``bias_correction.py``), measured on
+    ``bias_correction_feeds`` (default: the first calibration samples, ``calibration.first``)
+    on ``backend``.
 
     ``exclude`` names layers (node names, or a node's first output) kept float; a name that
     is no layer of the model is an error. The ops writing graph outputs keep a float output
@@ -155,12 +162,28 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     exclude = _layer_names(frozenset(exclude), graph, _graph_of(model))
     ranges = calibration.ranges(method, activations, **dict(method_options or {}))
     options = StaticOptions(activation_type(activations), per_channel, exclude, reduce_range, quantize_outputs)
+    corrected: list | None = None
+    if bias_correction:
+        from edgeinfer.quantize.bias_correction import correct_biases
+
+        feeds = list(calibration.first if bias_correction_feeds is None else bias_correction_feeds)
+        if not feeds:
+            raise InputError("bias_correction needs calibration samples: give bias_correction_feeds, or "
+                             "calibrate with hold_out=True (which keeps the first samples)")
+        graph, corrected = correct_biases(graph, lambda g: plan_quantization(g, ranges, options), feeds,
+                                          backend=backend, zero_biases=correct_zero_biases,
+                                          sequential=sequential_correction)
+        samples_used = len(feeds)
     plan = plan_quantization(graph, ranges, options)
     summary = {"mode": "static", "method": method, "activations": activations,
                "weights": weights_summary(per_channel, reduce_range),
                "layers": len(plan.layers), "excluded": sorted(options.exclude),
                "quantize_outputs": quantize_outputs,
                "calibration_samples": calibration.samples}
+    if corrected is not None:
+        summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
+                                      "waves": 1 + max((c.wave for c in corrected), default=-1),
+                                      "largest_shift": round(max((c.largest_shift for c in corrected), default=0.0), 6)}
     quantized = build_qdq_graph(graph, plan, summary)
     quantized.verify()
     metadata = dict(source.metadata)
