@@ -23,8 +23,9 @@ def assert_close(got, ref, *, rtol: float | None = None, atol: float | None = No
 
     ``scaled_atol`` adds that fraction of ``ref``'s largest magnitude to ``atol``: two engines
     summing float32 products in different orders differ by a rounding of the sums' scale, which
-    an element that cancels to near zero carries whole (how far depends on the CPU's kernels:
-    AVX-only, AVX2 and AVX-512 builds of the same engine sum in different orders)."""
+    an element that cancels to near zero carries whole (how far depends on the kernels the CPU
+    gets: on an AMD EPYC (Zen 5, AVX-512) numpy's OpenBLAS picks its Haswell kernels,
+    ``np.show_runtime()``; other CPUs get other kernels, which sum in other orders)."""
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape:
         raise AssertionError(f"{name}: shape {got.shape} != expected {ref.shape}")

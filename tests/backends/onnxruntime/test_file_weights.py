@@ -43,7 +43,7 @@ def _numpy_result(model, feeds) -> np.ndarray:
 def _assert_numpy_result(got: np.ndarray, model, feeds, rtol: float = 1e-4) -> None:
     """``got`` equals the numpy backend's result within float32 rounding of sums of hundreds of
     products: the outputs are of order 300, so an element near zero after cancellation carries
-    the sums' absolute rounding (4.7e-4 seen on an AVX-only CPU), not a relative one."""
+    the sums' absolute rounding (4.7e-4 seen on an AMD EPYC), not a relative one."""
     assert_close(got, _numpy_result(model, feeds), rtol=rtol, atol=rtol, scaled_atol=rtol * 0.1)
 
 
