@@ -2,7 +2,9 @@
 against onnxruntime's quantize_static on the same model and data, and the .eim size.
 
 Models, photos and metrics are tests/quantize/real_tasks.py's (YOLOv8n detection F1, PP-OCR
-text-mask IoU and character agreement, MediaPipe face detector/landmarks output SQNR); every
+text-mask IoU and character agreement, MediaPipe face detection ``F1 x (1 - keypoint and box
+error)`` and landmark ``1 - NME``, with the face-presence probability difference printed below
+the table; each beside the output SQNR); every
 metric compares with fp32's outputs on held-out crops that calibration never saw, so fp32
 scores 1.0. For each model: calibrate once (edgeinfer's histograms), quantize with every
 method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quantize_static``
@@ -58,7 +60,7 @@ from edgeinfer.quantize.methods import CALIBRATION_METHODS  # noqa: E402
 from edgeinfer.quantize.sensitivity import quantize_to_sqnr  # noqa: E402
 from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, quantize_static  # noqa: E402
 
-# min_sqnr of the ``mixed`` variant: the SQNR tasks' 20 dB plus 3 dB for held-out crops (the search
+# min_sqnr of the ``mixed`` variant: the issue's 20 dB plus 3 dB for held-out crops for the face models (the search
 # measures on calibration samples); the task-metric models need more (PP-OCRv4 det: 27.6 dB on
 # calibration samples gave 0.988 text-mask IoU on held-out crops).
 MIXED_TARGET_DB = {"nudenet/320n": 30.0, "ppocrv4_det": 30.0, "ppocrv4_rec": 30.0,
@@ -134,6 +136,8 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
                 if got is not None:
                     row[backend] = {"metric": round(task.metric(reference, got), 4),
                                     "sqnr_db": round(output_sqnr(reference, got), 2)}
+                    if task.detail is not None:
+                        row[backend]["detail"] = round(task.detail(reference, got), 4)
             rows["variants"][name] = row
 
         calibration.held_out = held_out  # the guard measures on the same held-out crops
@@ -268,6 +272,10 @@ def print_table(results: dict[str, Any], backends: list[str]) -> None:
             print(f"{name:<28} {variant:<10} {row['size']:>6.3f} {row['float_layers']:>5}  " + "  ".join(cells)
                   + f"  {guard}")
         print(f"{'':<28} ({task.metric_name}; target >= {task.target:g}; fp32 = 1 or inf)")
+        if task.detail is not None:
+            for variant, row in result["variants"].items():
+                print(f"{'':<28} {variant:<10} {task.detail_name}: "
+                      + "  ".join(f"{b} {row[b]['detail']:.4f}" for b in backends if row.get(b)))
 
 
 def best_methods(results: dict[str, Any], methods: list[str]) -> dict[str, Any]:

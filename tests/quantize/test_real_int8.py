@@ -8,7 +8,18 @@ import warnings
 import numpy as np
 import pytest
 from helpers import sqnr
-from real_tasks import TASKS, CorpusError, float32_weights
+from real_tasks import (
+    FACE_BOXES,
+    TASKS,
+    CorpusError,
+    _iou,
+    face_detections,
+    face_windows,
+    float32_weights,
+    output_sqnr,
+    photo,
+    to_rgb,
+)
 
 import edgeinfer as ei
 from edgeinfer.quantize import guard, quantize
@@ -67,7 +78,55 @@ def test_face_detector_with_float16_weights_gets_int8_weights(tmp_path):
     held_out = task.held_out(1)
     for backend in ("onnxruntime", "numpy"):
         got = _outputs(ei.load(tmp_path / "int8.eim"), held_out, backend)
-        assert task.metric(_outputs(fp32, held_out), got) > 10  # dB; the fp16 file had no int8 weights at all
+        # F1 x (1 - error): the fp16 file had no int8 weights at all; 0.9 is 10% of the faces lost or moved
+        assert task.metric(_outputs(fp32, held_out), got) > 0.9, backend
+
+
+def _coarse(model: ei.Model, factor: float) -> ei.Model:
+    """``model`` with every activation scale ``factor`` times larger: a broken quantization."""
+    graph = model.graph
+    scales = {node.inputs[1] for node in graph.nodes
+              if node.op_type == "QuantizeLinear" and graph.values[node.inputs[0]].const is None}
+    inits = {n: (a * np.float32(factor)).astype(a.dtype) if n in scales else a for n, a in graph.initializers.items()}
+    return ei.Model(graph.replace(initializers=inits), model.metadata)
+
+
+def test_face_detector_decoding_finds_the_face_it_was_cropped_around():
+    """The anchors and box decoding are right: on each jittered crop around a known face, fp32
+    finds one face, whose box overlaps the known box (mapped into the crop) at IoU >= 0.5, with the
+    6 keypoints inside it."""
+    task = TASKS["face_detection_short_range"]
+    session = ei.Session(_fp32(task.name), backend="onnxruntime")
+    for name, (x0, y0, x1, y1) in FACE_BOXES.items():
+        image = to_rgb(photo(name))
+        for top, left, side in face_windows(name, 4, np.random.default_rng(7), (1.6, 3.0), image.shape):
+            view = image[top:top + side, left:left + side]
+            known = (np.array([x0 - left, y0 - top, x1 - left, y1 - top], float) / side)[None]
+            boxes, points = face_detections(session.run(task.feeds(view)))
+            assert len(boxes) == 1, name
+            assert _iou(boxes, known)[0, 0] >= 0.5, name
+            assert np.all((points >= boxes[0, :2] - 0.02) & (points <= boxes[0, 2:] + 0.02)), name
+
+
+@pytest.mark.parametrize("name", ["face_detection_short_range", "face_landmark"])
+def test_face_task_metrics_tell_int8_from_broken_int8(name):
+    """fp32 scores exactly 1 against itself; plain INT8 close to it; a quantization with 16x too
+    coarse activation scales (4 bits of 8 lost) scores far lower, on the task metric as on SQNR."""
+    task = TASKS[name]
+    fp32 = _fp32(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
+        int8 = quantize(fp32, task.calibration(1))
+    held_out = task.held_out(1)
+    reference = _outputs(fp32, held_out)
+    assert task.metric(reference, reference) == 1.0
+    good, broken = _outputs(int8, held_out), _outputs(_coarse(int8, 16.0), held_out)
+    loss = 1 - task.metric(reference, good)
+    assert 0 < loss < 0.05  # measured 0.013-0.027 (benchmarks/bench_int8_real.py)
+    assert 1 - task.metric(reference, broken) > 3 * loss
+    assert output_sqnr(reference, broken) < output_sqnr(reference, good)
+    if task.detail is not None:  # the presence probability moves less than it would if broken
+        assert task.detail(reference, good) < task.detail(reference, broken)
 
 
 def test_ocr_detector_quality_is_measured_and_said():
@@ -93,21 +152,26 @@ def test_ocr_detector_quality_is_measured_and_said():
     assert output["sqnr_db"] == pytest.approx(sqnr(ref, got), abs=0.5)
 
 
-def test_face_detector_mixed_precision_meets_20_db_on_held_out_crops(tmp_path):
-    """Full INT8 gives the MediaPipe face detector about 16 dB on held-out crops; ``min_sqnr``
-    keeps its noisiest layers float until the calibration samples reach 23 dB (3 dB of margin:
-    the held-out crops come out lower), and the held-out crops then reach the issue's 20 dB."""
+def test_face_detector_mixed_precision_meets_the_task_target_on_held_out_crops(tmp_path):
+    """Full INT8 loses the MediaPipe face detector about 3% of ``F1 x (1 - error)`` on held-out face
+    crops (faces found, keypoints moved: about 10 dB output SQNR); ``min_sqnr`` keeps its noisiest
+    layers float until the calibration samples reach 23 dB, and the held-out crops then reach the
+    issue's targets: the task metric within 1% of fp32 and 20 dB."""
     task = TASKS["face_detection_short_range"]
     fp32 = _fp32(task.name)
+    samples = task.calibration(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        mixed = quantize(fp32, task.calibration(2), min_sqnr=23.0)
+        mixed = quantize(fp32, samples, min_sqnr=23.0)
+        plain = quantize(fp32, samples)
     record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
     assert record["met"] and record["int8_sqnr_db"] < 20 and 0 < record["float_layers"]
     assert record["quantized_layers"] > 0  # some layers stay int8
     mixed.save(tmp_path / "mixed.eim")
     held_out = task.held_out(2)
     reference = _outputs(fp32, held_out)
+    plain_metric = task.metric(reference, _outputs(plain, held_out))
     for backend in ("onnxruntime", "numpy"):
         got = _outputs(ei.load(tmp_path / "mixed.eim"), held_out, backend)
-        assert task.metric(reference, got) >= 20.0, backend
+        assert task.metric(reference, got) >= max(task.target, plain_metric), backend
+        assert output_sqnr(reference, got) >= 20.0, backend
