@@ -331,8 +331,11 @@ class RealTask:
 
     def calibration(self, per_photo: int = 2) -> list[Feeds]:
         """The whole photos and crops of them."""
-        return [self.feeds(view) for i, name in enumerate(self.calibration_photos)
-                for view in self._views(name, per_photo, i, held_out=False)]
+        views = [self._views(name, per_photo, i, held_out=False) for i, name in enumerate(self.calibration_photos)]
+        if self.views is not None:  # round-robin over the photos: a prefix (the mixed-precision search's
+            # and bias correction's first samples) sees every face
+            return [self.feeds(view) for group in zip(*views, strict=True) for view in group]
+        return [self.feeds(view) for group in views for view in group]
 
     def held_out(self, per_photo: int = 2) -> list[Feeds]:
         """Other crops (never a whole photo, which calibration saw)."""
