@@ -299,7 +299,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
     parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
-    parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo")
+    parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")
     parser.add_argument("--sizes", action="store_true", help="break the INT8 .eim down by role instead")
