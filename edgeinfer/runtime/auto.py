@@ -14,7 +14,7 @@ The native engine: a model converted from a file remembers its format
 onnxruntime for ``.onnx``, torch for TorchScript, ``.pt2`` and modules; ``NATIVE_ENGINES``) is
 always a candidate. When it takes the whole graph it runs an export equivalent to the file the
 user had (the tflite backend's export of an imported ``.tflite`` has the original's operators),
-so it is kept unless another candidate is faster by more than ``NATIVE_MARGIN`` (5%), measured
+so it is kept unless another candidate is faster by more than ``NATIVE_MARGIN`` (10%), measured
 in the same interleaved blocks (``decide``): ``auto`` never ends up slower than the engine the
 user already had for a difference that is within timing noise. A native engine that leaves
 nodes to numpy is timed as any other candidate (``AutoChoice.native_note`` says why).
@@ -58,9 +58,13 @@ _TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
 _DROP_FACTOR = 3.0
 _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
 _WARM_S = 0.2  # untimed calls per candidate before timing, at most (a big model stops at one)
-NATIVE_MARGIN = 0.05  # another candidate must be this much faster than the native engine on the whole graph
+# another candidate must be this much faster than the native engine on the whole graph. 5% was
+# within the noise of 2 threads on 2 shared cores: in a full bench_real run auto took OpenVINO
+# over LiteRT on MediaPipe hand_landmark_full, then ran 1.06x (fastest calls 1.15x) the original
+# file; a rerun kept LiteRT at 1.00x.
+NATIVE_MARGIN = 0.10
 NATIVE_ENGINES = {"tflite": "tflite", "onnx": "onnxruntime", "pytorch": "torch"}  # source_format -> backend
-RULE = "native-kept-within-5%"  # how the winner is picked; in the cache key, so older choices are measured again
+RULE = "native-kept-within-10%"  # how the winner is picked; in the cache key, so older choices are measured again
 
 
 @dataclass

@@ -70,6 +70,7 @@ def test_auto_on_a_tflite_model_times_litert_on_the_whole_graph(tflite_file, tmp
 
 @pytest.mark.parametrize("others_ms, native_ms, winner", [
     ({"openvino,numpy": 9.7, "numpy": 40.0}, 10.0, "tflite,numpy"),  # 3% faster: within the margin
+    ({"openvino,numpy": 9.3, "numpy": 40.0}, 10.0, "tflite,numpy"),  # 7.5% faster: within it too
     ({"openvino,numpy": 9.0, "numpy": 40.0}, 10.0, "openvino,numpy"),  # 11% faster: beyond it
     ({"openvino,numpy": 10.2}, 10.0, "tflite,numpy"),  # the native engine is the fastest
 ])
@@ -103,7 +104,7 @@ def _fake_timing(monkeypatch, seconds: dict[str, float]) -> list[tuple[str, ...]
 
 
 @pytest.mark.parametrize("native_s, winner, timed_again", [
-    (1.04e-3, "onnxruntime,numpy", True),  # within the margin, near its bar: timed again, kept
+    (1.08e-3, "onnxruntime,numpy", True),  # within the margin, near its bar: timed again, kept
     (1.30e-3, "numpy", False),  # 30% slower: the faster one wins
     (4.00e-3, "numpy", False),  # over 3x slower in the first rounds: still timed to the end
 ])
