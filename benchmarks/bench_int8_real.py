@@ -12,7 +12,8 @@ method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quant
 same calibration samples, run on onnxruntime. ``cle`` is the default method after cross-layer
 equalization (``equalize=True``), ``mixed`` the default method with ``min_sqnr`` mixed precision
 (the target per model: ``MIXED_TARGET_DB``, measured by the search on calibration samples; the
-column ``float`` counts the layers it kept float), ``mixed_pruned`` that search with ``prune=True`` (float layers the target holds without are
+column ``float`` counts the layers it kept float; their Conv/Gemm/MatMul weights are int8-stored,
+float compute), ``mixed_f32`` the same search with those weights kept float32, ``mixed_pruned`` that search with ``prune=True`` (float layers the target holds without are
 quantized again), ``cle_mixed`` both (``ei.quantize(equalize=True,
 min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
 correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SAMPLES`` calibration
@@ -30,7 +31,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             target = MIXED_TARGET_DB[task.name]
             measure("mixed", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
                                                               method=DEFAULT_METHOD).model, calibration))
+        if "mixed_f32" in variants:  # the search with the float layers' weights kept float32 (before: the default)
+            target = MIXED_TARGET_DB[task.name]
+            measure("mixed_f32", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
+                                                                  method=DEFAULT_METHOD, float_weights="float32").model,
+                                                 calibration))
         if "mixed_pruned" in variants:  # min_sqnr's stage 3 (prune=True), not on by default
             target = MIXED_TARGET_DB[task.name]
             measure("mixed_pruned", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
@@ -298,7 +304,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")

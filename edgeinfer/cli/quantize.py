@@ -20,7 +20,7 @@ from edgeinfer.cli.support import LazyChoice, LibraryDefault, handle_errors
 from edgeinfer.errors import InputError
 
 _CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
-                     "std", "size", "layout", "exclude")
+                     "std", "size", "layout", "exclude", "float_weights")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -73,6 +73,10 @@ def _calibration_options(fn):
         click.option("--layout", type=click.Choice(["NCHW", "NHWC"]),
                      help="Image preprocessing: the input's layout (default: guessed from where it has 3 channels)."),
         click.option("--exclude", multiple=True, metavar="LAYER", help="Keep this layer in float (repeatable)."),
+        click.option("--float-weights", type=click.Choice(["int8", "float32"]),
+                     help="How the layers kept float store their Conv/Gemm/MatMul weights: int8 with a scale per "
+                          "channel (float compute) or float32. Default: int8 for the layers --min-sqnr or "
+                          "--max-accuracy-drop keep float, float32 for --exclude alone."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -81,7 +85,8 @@ def _calibration_options(fn):
 
 def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
-              layout: str | None, exclude: tuple[str, ...], quiet: bool = False, **extra: Any):
+              layout: str | None, exclude: tuple[str, ...], float_weights: str | None = None, quiet: bool = False,
+              **extra: Any):
     from edgeinfer.cli.progress import shows_progress
     from edgeinfer.quantize import quantize
 
@@ -95,7 +100,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
                     progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"),
-                    layout=layout, **extra)
+                    layout=layout, **({"float_weights": float_weights} if float_weights else {}), **extra)
 
 
 def quantize_options(fn):
@@ -203,8 +208,10 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
         _warn_few_samples(quantized)
     with step_reporter(f"writing {output.name}", quiet=quiet) as steps:
         quantized.save(output, progress=steps)
+    from edgeinfer.format.sizes import size_breakdown
+
     before = sum(a.nbytes for a in model.graph.initializers.values())
-    after = sum(a.nbytes for a in quantized.graph.initializers.values())
+    after = size_breakdown(output).tensors  # as stored: int8-stored float weights count their int8 bytes
     click.echo(f"wrote {output} ({output.stat().st_size:,} bytes): weights {after:,} bytes, "
                f"{after / max(before, 1):.3f}x of {before:,}")
     _echo_mixed_precision(quantized)

@@ -39,7 +39,13 @@ from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.dtypes import TypeSpec
 from edgeinfer.ir.graph import Graph, Node, Value
-from edgeinfer.ir.weights import storage_array, stored_weights, widen_stored
+from edgeinfer.ir.weights import (
+    int8_factors,
+    int8_stored_weights,
+    storage_array,
+    stored_weights,
+    widen_stored,
+)
 
 TAG = "t"
 MAX_NESTING = limits.MAX_DOCUMENT_NESTING  # subgraphs inside subgraphs and lists inside lists, together
@@ -81,6 +87,18 @@ class TensorTable:
         self._groups: dict[tuple[str, tuple[int, ...], bytes], list[int]] = {}
         self._digests: dict[int, bytes] = {}
         self._alive: list[np.ndarray] = []  # every array seen, so that no id is reused while the table lives
+        self.int8_products: dict[int, tuple[int, int]] = {}  # index -> (int8 values, scale): stored as q * scale
+
+    def int8_ref(self, array: np.ndarray, axis: int, where: str) -> int:
+        """``ref`` of a weight declared int8-stored; when it is exactly ``q * scale``
+        (``int8_factors``), ``q`` and ``scale`` are stored and the weight becomes their product."""
+        index = self.ref(array, where)
+        factors = int8_factors(array, axis) if index not in self.int8_products else None
+        if factors is not None:
+            q, scale = (self.ref(f, f"{where} int8 storage") for f in factors)
+            if index not in (q, scale):
+                self.int8_products[index] = (q, scale)
+        return index
 
     def ref(self, array: np.ndarray, where: str) -> int:
         index = self._index.get(id(array))
@@ -141,6 +159,13 @@ def graph_to_document(graph: Graph, table: TensorTable, depth: int = 0) -> dict[
     typed = [v for v in graph.values.values() if v.name not in boundary and v.const is None
              and (v.dtype is not None or v.shape is not None)]
     narrow = stored_weights(graph.metadata)  # float16-stored weights keep their narrow bytes
+    int8 = int8_stored_weights(graph.metadata) if depth == 0 else {}  # and int8-stored ones int8 and a scale
+
+    def initializer_ref(name: str, array: np.ndarray) -> int:
+        where_init = f"{where} initializer {name!r}"
+        if name in int8:
+            return table.int8_ref(array, int8[name], where_init)
+        return table.ref(storage_array(array, narrow.get(name)), where_init)
     return {
         "name": _text(graph.name, f"{where} name"),
         "opset": {_text(domain, f"{where} opset domain"): _int(version, f"{where} opset {domain!r}")
@@ -150,7 +175,7 @@ def graph_to_document(graph: Graph, table: TensorTable, depth: int = 0) -> dict[
         "outputs": [_value_doc(v, where) for v in graph.outputs],
         "value_info": [_value_doc(v, where) for v in typed],
         "initializers": [{"name": _text(name, f"{where} initializer name"),
-                          "tensor": table.ref(storage_array(array, narrow.get(name)), f"{where} initializer {name!r}")}
+                          "tensor": initializer_ref(name, array)}
                          for name, array in graph.initializers.items()],
         "nodes": [_node_doc(node, graph, table, depth) for node in graph.nodes],
     }

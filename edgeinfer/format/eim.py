@@ -27,6 +27,12 @@ tensor that is exactly the element-wise product of two others (a quantized bias'
 the reader multiplies tensors i and j (stored ones, float32, broadcasting to the shape) on load;
 the writer stores it so only when the product gives the same bits.
 
+Version 3.1 (written when it is used) lets the first operand of a product be int8: a weight that
+is exactly ``q * scale`` (int8 values, one float32 scale per output channel broadcasting to its
+shape), declared int8-stored in the graph's ``weight_storage`` metadata (the float weights of the
+layers mixed precision keeps float), is stored as those two and multiplied on load. A 3.0 reader
+refuses such an entry with a typed error; other files are still written as 3.0.
+
 Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
 the large ones; it stores the document compressed and byte-identical tensors once. Version
@@ -86,7 +92,8 @@ from edgeinfer.progress import Step, Steps, steps
 
 MAGIC = b"EIM\x00"
 FORMAT_VERSION = (3, 0)
-READABLE_MINOR = {1: 0, 2: 0, 3: 0}  # major version this reader reads -> the newest minor it knows
+INT8_STORAGE_VERSION = (3, 1)  # written instead when a weight is stored as int8 values times a scale
+READABLE_MINOR = {1: 0, 2: 0, 3: 1}  # major version this reader reads -> the newest minor it knows
 FORMAT_NAME = "edgeinfer-model"
 ALIGNMENT = 64
 FLAG_COMPRESSED_DOCUMENT = 1  # version 2 and 3: the document is stored zlib-compressed
@@ -135,11 +142,13 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
     table = TensorTable()
     try:
         graph_doc = graph_to_document(model.graph, table)
-        entries, numeric, data_length = _layout(table.arrays, _products(model.graph, graph_doc, table.arrays))
+        products = _products(model.graph, graph_doc, table.arrays, table.int8_products)
+        entries, numeric, data_length = _layout(table.arrays, products)
         metadata = metadata_to_document(model.metadata, "model metadata")
     except ModelFormatError as exc:
         raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
-    document = {"format": FORMAT_NAME, "version": list(FORMAT_VERSION), "metadata": metadata,
+    version = INT8_STORAGE_VERSION if any(i in table.int8_products for i in products) else FORMAT_VERSION
+    document = {"format": FORMAT_NAME, "version": list(version), "metadata": metadata,
                 "tensors": entries, "graph": graph_doc}
     # ASCII with escapes: a lone surrogate in a name still round-trips.
     text = json.dumps(document, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
@@ -151,7 +160,7 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
     else:
         text, flags = zlib.compress(text, COMPRESSION_LEVEL), FLAG_COMPRESSED_DOCUMENT
     data_offset = align(HEADER_SIZE + len(text))
-    header = HEADER.pack(MAGIC, *FORMAT_VERSION, flags, 0, len(text), data_offset,
+    header = HEADER.pack(MAGIC, *version, flags, 0, len(text), data_offset,
                          data_length, hashlib.sha256(text).digest())
 
     def write(handle: BinaryIO, step: Step) -> None:
@@ -180,14 +189,16 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
         raise ModelFormatError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
 
 
-def _products(graph: Any, graph_doc: dict[str, Any], arrays: list[np.ndarray]) -> dict[int, tuple[int, int]]:
+def _products(graph: Any, graph_doc: dict[str, Any], arrays: list[np.ndarray],
+              int8: dict[int, tuple[int, int]] | None = None) -> dict[int, tuple[int, int]]:
     """``{table index: (operand index, operand index)}`` of the declared weight products of the
-    top graph that give the stored bits exactly; an operand is never itself a product."""
+    top graph that give the stored bits exactly, and of the int8-stored weights (``int8``,
+    checked by the table); an operand is never itself a product."""
     declared = weight_products(graph.metadata)
+    found: dict[int, tuple[int, int]] = dict(int8 or {})
     if not declared:
-        return {}
+        return {index: pair for index, pair in found.items() if pair[0] not in found and pair[1] not in found}
     refs = {item["name"]: item["tensor"] for item in graph_doc["initializers"]}
-    found: dict[int, tuple[int, int]] = {}
     for name, (a, b) in declared.items():
         if name not in refs or a not in refs or b not in refs or refs[name] in (refs[a], refs[b]):
             continue
@@ -545,11 +556,14 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
 
 def _product_tensor(index: int, shape: tuple[int, ...], operands: list[np.ndarray | None],
                     reader: DocumentReader) -> np.ndarray:
-    """Product entry ``index``: the element-wise product of two stored float32 tensors."""
+    """Product entry ``index``: the element-wise product of two stored float32 tensors, or of
+    int8 values and their float32 scale (an int8-stored weight, version 3.1)."""
     where = f"document.tensors[{index}].product"
-    for operand in operands:
-        if operand is None or operand.dtype != np.float32:
-            raise reader.fail(where, "indices of stored float32 tensors (not products, not strings)",
+    allowed = ((np.float32, np.int8), (np.float32,))
+    for operand, kinds in zip(operands, allowed, strict=True):
+        if operand is None or operand.dtype.type not in kinds:
+            raise reader.fail(where, "indices of stored tensors (not products, not strings): float32, or int8 "
+                              "values then their float32 scale",
                               Finding("another product" if operand is None else f"a {operand.dtype} tensor"))
     try:
         product_shape = np.broadcast_shapes(operands[0].shape, operands[1].shape)

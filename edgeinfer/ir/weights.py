@@ -15,6 +15,13 @@ pass, kernel and the quantizer see a constant weight; the graph's metadata lists
 The float32 values are exactly the float16 ones widened, so storing them narrow loses
 nothing; ``storage_array`` checks that (a pass that rewrote a weight in place under the same
 name makes it float32 again).
+
+A weight rounded to int8 with one symmetric scale per output channel (the weights of a layer
+that mixed precision keeps float: float compute, int8 bytes) is listed under ``"int8"`` with its
+channel axis (``{"int8": {name: axis}}``, axis -1 for one scale). Its float32 values are exactly
+``q * scale`` (``int8_rounded`` makes them so); the ``.eim`` file stores ``q`` and ``scale`` and
+multiplies on load (``int8_factors``, a product entry of ``eim.py``), every backend gets the
+float32 initializer.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import numpy as np
 
 STORAGE_KEY = "weight_storage"
 NARROW_DTYPES = {"float16": np.float16}
+INT8_KEY = "int8"  # under STORAGE_KEY: {name: channel axis} of float32 weights that are int8 x scale
+INT8_LIMIT = 127  # symmetric: -127..127
 
 
 def _json_object(metadata: Mapping[str, str], key: str) -> dict:
@@ -56,6 +65,71 @@ def stored_weight_dtype(graph, name: str) -> str | None:
     return stored_weights(graph.metadata).get(name)
 
 
+def int8_stored_weights(metadata: Mapping[str, str]) -> dict[str, int]:
+    """``{initializer name: channel axis}`` of the weights declared int8-stored (axis -1: one scale)."""
+    table = _json_object(metadata, STORAGE_KEY).get(INT8_KEY)
+    if not isinstance(table, dict):
+        return {}
+    return {name: axis for name, axis in table.items()
+            if isinstance(name, str) and isinstance(axis, int) and not isinstance(axis, bool) and axis >= -1}
+
+
+def with_int8_stored_weights(metadata: Mapping[str, str], axes: Mapping[str, int]) -> dict[str, str]:
+    """``metadata`` with ``axes`` (name -> channel axis) added to the int8-stored weights."""
+    table: dict[str, list[str]] = {}
+    for name, kind in stored_weights(metadata).items():
+        table.setdefault(kind, []).append(name)
+    return _with_storage_table(metadata, table, {**int8_stored_weights(metadata), **axes})
+
+
+def _int8_scale(array: np.ndarray, axis: int) -> np.ndarray:
+    """One float32 scale per slice along ``axis`` (all of ``array`` for -1), shaped to broadcast."""
+    magnitude = np.abs(array)
+    if axis < 0:
+        peak = magnitude.max(initial=0.0).reshape((1,) * array.ndim)
+    else:
+        peak = magnitude.max(axis=tuple(i for i in range(array.ndim) if i != axis), keepdims=True, initial=0.0)
+    return np.divide(peak, np.float32(INT8_LIMIT), dtype=np.float32)
+
+
+def _int8_values(array: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale > 0, np.rint(array / np.where(scale > 0, scale, 1)), 0)
+    return np.clip(q, -INT8_LIMIT, INT8_LIMIT).astype(np.int8)
+
+
+def int8_factors(array: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(q, scale)``, int8 and float32 (broadcasting to ``array``), with
+    ``np.multiply(q, scale, dtype=float32)`` equal to ``array`` bit for bit; None when ``array``
+    is not so (not float32, not finite, a float weight never rounded, or ``axis`` out of range)."""
+    if array.dtype != np.float32 or array.ndim == 0 or axis >= array.ndim or not np.all(np.isfinite(array)):
+        return None
+    scale = _int8_scale(array, axis)
+    q = _int8_values(array, scale)
+    with np.errstate(all="ignore"):
+        product = np.multiply(q, scale, dtype=np.float32)
+    if not np.array_equal(product.view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
+        return None
+    return q, scale
+
+
+def int8_rounded(array: np.ndarray, axis: int) -> np.ndarray:
+    """``array`` rounded to int8 with one symmetric scale per slice along ``axis`` (-1: one
+    scale), as the float32 values ``q * scale`` that ``int8_factors`` recovers exactly (the scale
+    of the rounded values is computed again until it no longer moves: one ulp at most)."""
+    current = np.asarray(array, np.float32)
+    if not np.all(np.isfinite(current)):
+        raise ValueError("int8_rounded: the weight holds NaN or infinity")
+    for _ in range(8):
+        scale = _int8_scale(current, axis)
+        with np.errstate(all="ignore"):
+            rounded = np.multiply(_int8_values(current, scale), scale, dtype=np.float32)
+        if int8_factors(rounded, axis) is not None:
+            return rounded
+        current = rounded
+    return rounded  # never seen: the weight is then stored at full precision (storage checks)
+
+
 def with_stored_weights(metadata: Mapping[str, str], names: Iterable[str], dtype: str = "float16") -> dict[str, str]:
     """``metadata`` with ``names`` added to the weights stored as ``dtype``."""
     if dtype not in NARROW_DTYPES:
@@ -64,28 +138,32 @@ def with_stored_weights(metadata: Mapping[str, str], names: Iterable[str], dtype
     for name, kind in stored_weights(metadata).items():
         table.setdefault(kind, []).append(name)
     table.setdefault(dtype, []).extend(names)
-    return _with_storage_table(metadata, table)
+    return _with_storage_table(metadata, table, int8_stored_weights(metadata))
 
 
 def with_live_stored_weights(metadata: Mapping[str, str], present: Mapping[str, object]) -> dict[str, str]:
     """``metadata`` whose weight-storage list names only weights in ``present`` (the graph's
     initializers): a weight replaced (an int8 one now) is no longer listed."""
-    declared = stored_weights(metadata)
-    if not declared:
+    declared, int8 = stored_weights(metadata), int8_stored_weights(metadata)
+    if not declared and not int8:
         return dict(metadata)
     table: dict[str, list[str]] = {}
     for name, kind in declared.items():
         if name in present:
             table.setdefault(kind, []).append(name)
-    return _with_storage_table(metadata, table)
+    return _with_storage_table(metadata, table, {name: axis for name, axis in int8.items() if name in present})
 
 
-def _with_storage_table(metadata: Mapping[str, str], table: Mapping[str, list[str]]) -> dict[str, str]:
-    """``metadata`` with its weight-storage list set to ``table`` (dtype -> names); the key is
-    removed when no name is left."""
+def _with_storage_table(metadata: Mapping[str, str], table: Mapping[str, list[str]],
+                        int8: Mapping[str, int]) -> dict[str, str]:
+    """``metadata`` with its weight-storage list set to ``table`` (dtype -> names) and ``int8``
+    (name -> axis); the key is removed when no name is left."""
     out = {k: v for k, v in metadata.items() if k != STORAGE_KEY}
-    if any(table.values()):
-        out[STORAGE_KEY] = json.dumps({k: sorted(set(v)) for k, v in table.items() if v}, sort_keys=True)
+    stored: dict[str, object] = {k: sorted(set(v)) for k, v in table.items() if v}
+    if int8:
+        stored[INT8_KEY] = dict(sorted(int8.items()))
+    if stored:
+        out[STORAGE_KEY] = json.dumps(stored, sort_keys=True)
     return out
 
 

@@ -23,7 +23,7 @@ from edgeinfer.model import Model
 from edgeinfer.quantize.dynamic import quantize_dynamic
 from edgeinfer.quantize.fp16 import fp16_weights
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
-from edgeinfer.quantize.static import DEFAULT_METHOD, Calibration, calibrate, quantize_static
+from edgeinfer.quantize.static import DEFAULT_METHOD, FLOAT_WEIGHTS, Calibration, calibrate, quantize_static
 
 MODES = ("static", "dynamic", "weight_only")
 WEIGHT_FORMATS = ("int8", "int4", "fp16")
@@ -38,7 +38,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
              quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None,
-             layout: str | None = None, bias_correction: bool = False) -> Model:
+             layout: str | None = None, bias_correction: bool = False, float_weights: str | None = None) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -76,6 +76,13 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     reaches ``min_sqnr`` (``sensitivity.quantize_to_sqnr``); which layers, and why, is in the
     model's ``quantization`` metadata under ``mixed_precision``. A target not reached warns.
 
+    ``float_weights`` (static): how the Conv/ConvTranspose/Gemm/MatMul weights of the layers kept
+    float are stored: ``"int8"`` (rounded to int8 with one scale per output channel, float
+    compute, int8 bytes in the file: a mixed-precision model stays near the INT8 size) or
+    ``"float32"``. Default: int8 for the layers ``min_sqnr`` or ``max_accuracy_drop`` keep float
+    (their search measures with the rounded weights), float32 for those named in ``exclude``
+    alone.
+
     ``bias_correction=True`` (static): each quantized Conv/ConvTranspose/Gemm bias is corrected for
     the mean shift INT8 adds to its output channels (``bias_correction.py``, Nagel et al.'s
     empirical bias correction), measured layer after layer on the first ``BIAS_CORRECTION_SAMPLES``
@@ -95,6 +102,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         raise InputError(f"quantization mode {mode!r}: expected one of {MODES}")
     if not isinstance(model, Model):
         raise InputError(f"quantize: expected an edgeinfer Model, got {type(model).__name__}")
+    if float_weights is not None and (float_weights not in FLOAT_WEIGHTS or mode != "static" or weights != "int8"):
+        raise InputError(f"float_weights={float_weights!r}: expected one of {FLOAT_WEIGHTS}, with static int8 "
+                         f"quantization (got mode={mode!r}, weights={weights!r})")
     if weights == "fp16":
         return fp16_weights(model)
     if weights == "int4" or mode == "weight_only":
@@ -115,7 +125,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         model = equalized(model, calibration_data, backend=backend, **source)
     calibration = calibrate(model, calibration_data, limit=limit, backend=backend, progress=progress,
                             hold_out=True, **source)
-    if bias_correction and (min_sqnr is not None or max_accuracy_drop is not None):
+    searched = min_sqnr is not None or max_accuracy_drop is not None
+    float_weights = float_weights or ("int8" if searched else "float32")
+    if bias_correction and searched:
         raise InputError("bias_correction applies to plain static quantization, not with min_sqnr or max_accuracy_drop")
     if min_sqnr is not None:
         if max_accuracy_drop is not None:
@@ -124,7 +136,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
 
         result = quantize_to_sqnr(model, calibration, min_sqnr, feeds=sensitivity_feeds(calibration, calibration_data,
                                   **source), method=method, activations=activations, per_channel=per_channel,
-                                  exclude=list(exclude), reduce_range=reduce_range, backend=backend)
+                                  exclude=list(exclude), reduce_range=reduce_range, backend=backend,
+                                  float_weights=float_weights)
         if not result.within_budget:
             warnings.warn(f"SQNR target {min_sqnr:g} dB not met: {result.final_metric:.1f} dB with "
                           f"{len(result.kept_float)} layers in float", stacklevel=2)
@@ -140,7 +153,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
                                                                      **source)}
         return guarded(quantize_static(model, calibration, method=method, activations=activations,
                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
-                                       quantize_outputs=quantize_outputs, **correction),
+                                       quantize_outputs=quantize_outputs, float_weights=float_weights,
+                                       **correction),
                        calibration, backend)
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
@@ -150,7 +164,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     feeds = sensitivity_feeds(calibration, calibration_data, **source)
     result = quantize_within_budget(model, calibration, metric, max_accuracy_drop, feeds=feeds, method=method,
                                     activations=activations, per_channel=per_channel, exclude=list(exclude),
-                                    reduce_range=reduce_range, backend=backend)
+                                    reduce_range=reduce_range, backend=backend, float_weights=float_weights)
     if not result.within_budget:
         warnings.warn(f"accuracy budget {max_accuracy_drop} not met: fp32 {result.float_metric:.3f}, best "
                       f"{result.final_metric:.3f} with {len(result.kept_float)} layers in float", stacklevel=2)

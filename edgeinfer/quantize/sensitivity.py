@@ -87,25 +87,31 @@ def top1_metric(inputs: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray, 
 def quantize_within_budget(model: Model, calibration: Calibration, metric: Metric, max_drop: float, *,
                            feeds: Sequence[dict], method: str, activations: str = "uint8",
                            per_channel: bool = True, exclude: Sequence[str] = (), reduce_range: bool = False,
-                           backend: str | None = None) -> AccuracyResult:
+                           backend: str | None = None, float_weights: str = "int8") -> AccuracyResult:
     """Quantize, then keep the most sensitive layers in float until ``metric`` drops at most
-    ``max_drop`` (same unit as the metric, e.g. percentage points) below fp32."""
+    ``max_drop`` (same unit as the metric, e.g. percentage points) below fp32. The weights of
+    the layers kept float are stored as ``float_weights`` (``quantize_static``)."""
     if max_drop < 0:
         raise InputError(f"max accuracy drop {max_drop}: expected a non-negative number")
     options = dict(method=method, activations=activations, per_channel=per_channel, reduce_range=reduce_range)
     float_metric = metric(Model(calibration.graph))
     kept = list(exclude)
-    quantized = quantize_static(model, calibration, exclude=kept, **options)
+    quantized = quantize_static(model, calibration, exclude=kept, float_weights=float_weights, **options)
     first = score = metric(quantized)
     result = AccuracyResult(quantized, float_metric, first, score, list(kept))
     if float_metric - score <= max_drop:
         return result
+    if float_weights == "int8":  # every layer float with int8 weights: the best a search can reach with them
+        everything = quantizable_layers(calibration, activations=activations, per_channel=per_channel)
+        ceiling = quantize_static(model, calibration, exclude=everything, float_weights="int8", **options)
+        if float_metric - metric(ceiling) > max_drop:
+            float_weights = "float32"
     result.sensitivity = layer_sensitivity(model, calibration, feeds, backend=backend, **options)
     for entry in result.sensitivity:
         if entry.layer in kept:
             continue
         kept.append(entry.layer)
-        quantized = quantize_static(model, calibration, exclude=kept, **options)
+        quantized = quantize_static(model, calibration, exclude=kept, float_weights=float_weights, **options)
         score = metric(quantized)
         if float_metric - score <= max_drop:
             break
@@ -203,7 +209,8 @@ def _quantized_source(graph, name: str) -> tuple[str, str] | None:
 def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *, feeds: Sequence[dict],
                      method: str, activations: str = "uint8", per_channel: bool = True, exclude: Sequence[str] = (),
                      reduce_range: bool = False, backend: str | None = None,
-                     noise_rounds: int = NOISE_ROUNDS, prune: bool = False) -> AccuracyResult:
+                     noise_rounds: int = NOISE_ROUNDS, prune: bool = False,
+                     float_weights: str = "int8") -> AccuracyResult:
     """Quantize, then keep layers in float until every output's SQNR against fp32 on ``feeds``
     is at least ``min_sqnr`` dB: the task-agnostic accuracy budget, in two stages.
 
@@ -226,13 +233,16 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
 
     Each step costs one quantization and one run of ``feeds``. The metric is the worst output
     SQNR (``float_metric`` is inf); the float layers and why are in the model's ``quantization``
-    metadata under ``mixed_precision``."""
+    metadata under ``mixed_precision``. The float layers' Conv/Gemm/MatMul weights are stored as
+    ``float_weights`` (``quantize_static``): int8 by default, so that the file stays near the
+    INT8 size, and every step measures the outputs with those rounded weights."""
     import json
 
     if not np.isfinite(min_sqnr):
         raise InputError(f"min_sqnr {min_sqnr}: expected a finite number of dB")
     backend = backend or default_backend()
-    options = dict(method=method, activations=activations, per_channel=per_channel, reduce_range=reduce_range)
+    options = dict(method=method, activations=activations, per_channel=per_channel, reduce_range=reduce_range,
+                   float_weights=float_weights)
 
     def attempt(kept: Sequence[str]) -> tuple[Model, float]:
         from edgeinfer.quantize.guard import output_quality
@@ -245,6 +255,15 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     reasons: list[dict] = []
     quantized, score = attempt(kept)
     first, steps = score, 1
+    ceiling = None
+    if score < min_sqnr and float_weights == "int8":
+        # every layer float with int8 weights: the best any search can reach with them
+        ceiling = attempt(quantizable_layers(calibration, activations=activations, per_channel=per_channel))[1]
+        steps += 1
+        if ceiling < min_sqnr:
+            options["float_weights"] = "float32"
+            reasons.append({"reason": f"the float layers keep float32 weights: with int8 weights every layer float "
+                                      f"reaches {_rounded_db(ceiling)} dB, below the target"})
     for _ in range(noise_rounds):
         if score >= min_sqnr:
             break
@@ -290,6 +309,8 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     summary = json.loads(quantized.metadata.get("quantization", "{}"))
     summary["mixed_precision"] = {"min_sqnr_db": min_sqnr, "sqnr_db": _rounded_db(score), "met": score >= min_sqnr,
                                   "int8_sqnr_db": _rounded_db(first), "samples": len(feeds), "steps": steps,
+                                  "float_weights": options["float_weights"],
+                                  **({} if ceiling is None else {"int8_weights_ceiling_db": _rounded_db(ceiling)}),
                                   "float_layers": len(kept), "quantized_layers": int(summary.get("layers", 0)),
                                   "kept_float": kept, "reasons": reasons}
     metadata = dict(quantized.metadata)

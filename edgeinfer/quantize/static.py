@@ -52,6 +52,7 @@ FLOAT32_TYPE = 1  # onnx.TensorProto.FLOAT
 # at least as good as onnxruntime's quantize_static on all five; entropy was the worst on the
 # recognizer (character agreement 0.37 vs 0.96) and the face detector (6.3 vs 16.5 dB).
 DEFAULT_METHOD = "mse"
+FLOAT_WEIGHTS = ("float32", "int8")  # how the weights of the layers kept float are stored
 
 
 def prepare_graph(graph: Graph) -> Graph:
@@ -140,7 +141,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                     method_options: Mapping[str, float] | None = None, reduce_range: bool = False,
                     quantize_outputs: bool = False, bias_correction: bool = False,
                     bias_correction_feeds: Sequence[Feeds] | None = None, backend: str | None = None,
-                    correct_zero_biases: bool = False, sequential_correction: bool = True) -> Model:
+                    correct_zero_biases: bool = False, sequential_correction: bool = True,
+                    float_weights: str = "float32") -> Model:
     """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
     ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``).
 
@@ -151,9 +153,14 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
 
     ``exclude`` names layers (node names, or a node's first output) kept float; a name that
     is no layer of the model is an error. The ops writing graph outputs keep a float output
-    unless ``quantize_outputs``."""
+    unless ``quantize_outputs``. ``float_weights="int8"``: the Conv/ConvTranspose/Gemm/MatMul
+    layers of ``exclude`` keep float activations but their weights are rounded to int8 (one
+    symmetric scale per output channel) and stored so (``edgeinfer.ir.weights.int8_rounded``):
+    float compute on int8 bytes."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
+    if float_weights not in FLOAT_WEIGHTS:
+        raise InputError(f"float_weights {float_weights!r}: expected one of {FLOAT_WEIGHTS}")
     source = model if isinstance(model, Model) else Model(model)
     graph = calibration.graph
     if set(_graph_of(model).input_names) != set(graph.input_names):
@@ -162,6 +169,9 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     exclude = _layer_names(frozenset(exclude), graph, _graph_of(model))
     ranges = calibration.ranges(method, activations, **dict(method_options or {}))
     options = StaticOptions(activation_type(activations), per_channel, exclude, reduce_range, quantize_outputs)
+    rounded: list[str] = []
+    if float_weights == "int8":
+        graph, rounded = int8_float_weights(graph, options.exclude)
     corrected: list | None = None
     if bias_correction:
         from edgeinfer.quantize.bias_correction import correct_biases
@@ -180,6 +190,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                "layers": len(plan.layers), "excluded": sorted(options.exclude),
                "quantize_outputs": quantize_outputs,
                "calibration_samples": calibration.samples}
+    if rounded:
+        summary["float_layer_weights"] = {"format": "int8", "weights": len(rounded)}
     if corrected is not None:
         summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
                                       "waves": 1 + max((c.wave for c in corrected), default=-1),
@@ -189,6 +201,50 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     metadata = dict(source.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)
     return Model(quantized, metadata)
+
+
+def int8_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:
+    """``graph`` with the constant weights of the Conv/ConvTranspose/Gemm/MatMul nodes among
+    ``layers`` rounded to int8 per output channel and declared int8-stored; and their names. A
+    weight is left as it is when something else reads it (another input, another op) or its
+    readers disagree on the channel axis."""
+    from edgeinfer.ir.weights import int8_rounded, with_int8_stored_weights
+
+    axes: dict[str, int] = {}
+    for node in graph.nodes:
+        if layer_name(node) not in layers or node.domain or len(node.inputs) < 2:
+            continue
+        axis = _weight_axis(node, graph)
+        weight = graph.values.get(node.inputs[1])
+        if axis is None or weight is None or weight.const is None:
+            continue
+        readers = {_weight_axis(user, graph) if index == 1 else None for user, index in weight.uses}
+        if readers == {axis} and weight.const.dtype == np.float32 and np.all(np.isfinite(weight.const)):
+            axes[weight.name] = axis
+    if not axes:
+        return graph, []
+    inits = graph.initializers
+    inits.update({name: int8_rounded(inits[name], axis) for name, axis in axes.items()})
+    rounded = graph.replace(list(graph.nodes), initializers=inits)
+    rounded.metadata = with_int8_stored_weights(rounded.metadata, axes)
+    return rounded, sorted(axes)
+
+
+def _weight_axis(node, graph: Graph) -> int | None:
+    """The output-channel axis of a weighted node's constant weight (input 1); -1 for one scale
+    (a grouped ConvTranspose); None for another op or a weight that is no float matrix."""
+    weight = graph.values.get(node.inputs[1]) if len(node.inputs) > 1 else None
+    if node.domain or weight is None or weight.const is None or weight.const.ndim < 2:
+        return None
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1 if int(node.attrs.get("group", 1)) == 1 else -1
+    if node.op_type == "Gemm":
+        return 0 if int(node.attrs.get("transB", 0)) else 1
+    if node.op_type == "MatMul":
+        return weight.const.ndim - 1
+    return None
 
 
 def quantizable_layers(calibration: Calibration, *, activations: str = "uint8", per_channel: bool = True,

@@ -221,3 +221,34 @@ def test_quantize_command_calibrates_images_in_the_layout_given(tmp_path):
     expected = ei.quantize(model, samples)
     feeds = {"x": rng.standard_normal((1, 3, 8, 3)).astype(np.float32)}
     np.testing.assert_array_equal(ei.Session(ei.load(out)).run(feeds)["y"], ei.Session(expected).run(feeds)["y"])
+
+
+def test_float_weights_option_stores_the_excluded_layers_weights_as_int8(files, tmp_path):
+    """--exclude keeps a layer float with float32 weights; --float-weights int8 keeps it float with
+    int8-stored weights: a smaller file, the same outputs as ei.quantize with the same options."""
+    from edgeinfer.ir.weights import int8_stored_weights
+    from edgeinfer.quantize import quantize
+
+    folder, proto = files
+    model = ei.convert(proto)
+    first = next(n for n in model.graph.nodes if n.op_type in ("Conv", "FusedConv"))
+    outs = {}
+    for choice in ("float32", "int8"):
+        outs[choice] = tmp_path / f"{choice}.eim"
+        result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                       "--exclude", first.name, "--float-weights", choice,
+                                                       "-o", str(outs[choice])])
+        assert result.exit_code == 0, result.output
+    int8, whole = ei.load(outs["int8"]), ei.load(outs["float32"])
+    assert len(int8_stored_weights(int8.graph.metadata)) == 1 and not int8_stored_weights(whole.graph.metadata)
+    assert outs["int8"].stat().st_size < outs["float32"].stat().st_size
+    feeds = zoo.example_inputs(proto, seed=42)
+    samples = [np.load(folder / "calib" / f"{seed}.npy") for seed in range(6)]
+    expected = quantize(model, samples, exclude=[first.name], float_weights="int8")
+    np.testing.assert_allclose(ei.Session(int8, backend="numpy").run(feeds)["logits"],
+                               ei.Session(expected, backend="numpy").run(feeds)["logits"], rtol=1e-5, atol=1e-6)
+    reference = ei.Session(model, backend="numpy").run(feeds)["logits"]
+    assert sqnr(reference, ei.Session(int8, backend="numpy").run(feeds)["logits"]) > 20
+    refused = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--mode", "dynamic",
+                                                    "--float-weights", "int8", "-o", str(tmp_path / "d.eim")])
+    assert refused.exit_code != 0 and refused.output.count("\n") == 1 and "float_weights" in refused.output
