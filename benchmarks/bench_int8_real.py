@@ -22,7 +22,7 @@ of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``bc_zero`` b
 also corrects (and so stores) the zero biases the quantizer drops. ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
-ROUNDS`` it times instead: fp32 and INT8 (the default method) on onnxruntime in ROUNDS
+ROUNDS`` it times instead: fp32, INT8 (the default method) and ``mixed`` on onnxruntime in ROUNDS
 interleaved rounds (median ms, one held-out crop at batch 1). With ``--sizes`` it breaks the
 INT8 .eim (default method) down instead: bytes of int8 weights, int32 biases, weight and bias
 scales (a bias scale stored as a product of two others costs none), zero points, activation
@@ -247,8 +247,9 @@ def size_rows(task: RealTask) -> dict[str, Any]:
             "note": "role bytes before the file's sharing of identical tensors"}
 
 
-def latency(task: RealTask, rounds: int) -> dict[str, float]:
-    """Median ms of fp32 and INT8 (the default method) on onnxruntime, interleaved."""
+def latency(task: RealTask, rounds: int, per_photo: int = 2) -> dict[str, float]:
+    """Median ms of fp32, INT8 (the default method) and the ``mixed`` variant on onnxruntime,
+    interleaved."""
     import functools
 
     import numpy as np
@@ -256,13 +257,19 @@ def latency(task: RealTask, rounds: int) -> dict[str, float]:
     from edgeinfer.timing import time_interleaved
 
     fp32 = ei.convert(task.path(), optimize=2)
-    int8 = quantize_static(fp32, calibrate(fp32, task.calibration(1)))
+    samples = task.calibration(per_photo)
+    calibration = calibrate(fp32, samples)
+    int8 = quantize_static(fp32, calibration)
+    mixed = quantize_to_sqnr(fp32, calibration, MIXED_TARGET_DB[task.name], feeds=samples[:SEARCH_SAMPLES],
+                             method=DEFAULT_METHOD).model
     feeds = task.held_out(1)[0]
-    sessions = {"fp32": ei.Session(fp32, backend="onnxruntime"), "int8": ei.Session(int8, backend="onnxruntime")}
+    sessions = {name: ei.Session(model, backend="onnxruntime")
+                for name, model in (("fp32", fp32), ("int8", int8), ("mixed", mixed))}
     times = time_interleaved({k: functools.partial(s.run, feeds) for k, s in sessions.items()}, rounds=rounds, warmup=2)
     median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
     return {"fp32_ms": round(median["fp32"], 2), "int8_ms": round(median["int8"], 2),
-            "int8_over_fp32": round(median["int8"] / median["fp32"], 2)}
+            "int8_over_fp32": round(median["int8"] / median["fp32"], 2), "mixed_ms": round(median["mixed"], 2),
+            "mixed_over_fp32": round(median["mixed"] / median["fp32"], 2)}
 
 
 def print_table(results: dict[str, Any], backends: list[str]) -> None:
@@ -325,10 +332,11 @@ def main() -> None:
             args.json.write_text(json.dumps({"sizes": sizes}, indent=2))
         return
     if args.latency:
-        timings = {name: latency(TASKS[name], args.latency) for name in args.models}
+        timings = {name: latency(TASKS[name], args.latency, args.per_photo) for name in args.models}
         for name, row in timings.items():
             print(f"{name:<28} onnxruntime fp32 {row['fp32_ms']:8.2f} ms  int8 {row['int8_ms']:8.2f} ms  "
-                  f"int8/fp32 {row['int8_over_fp32']:.2f}x")
+                  f"int8/fp32 {row['int8_over_fp32']:.2f}x  mixed {row['mixed_ms']:8.2f} ms  "
+                  f"mixed/fp32 {row['mixed_over_fp32']:.2f}x")
         if args.json:
             args.json.write_text(json.dumps({"latency": timings}, indent=2))
         return

@@ -17,7 +17,7 @@ from edgeinfer.errors import InputError
 from edgeinfer.model import Model
 from edgeinfer.quantize.calibrate import default_backend
 from edgeinfer.quantize.report import sqnr_db
-from edgeinfer.quantize.static import Calibration, quantizable_layers, quantize_static
+from edgeinfer.quantize.static import Calibration, quantizable_layers, quantize_static, weighted_layers
 
 Metric = Callable[[Model], float]
 
@@ -124,6 +124,7 @@ def quantize_within_budget(model: Model, calibration: Calibration, metric: Metri
 NOISE_ROUNDS = 4  # noise-guided rounds before the graph-order search
 ROUND_SHARE = 0.5  # a round keeps float every layer adding at least this share of the worst one's noise
 MAX_PER_ROUND = 4
+WEIGHT_MARGIN_DB = 3.0  # int8 weights of the float layers may take at most half the noise a target allows
 
 
 @dataclass(frozen=True)
@@ -255,15 +256,32 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     reasons: list[dict] = []
     quantized, score = attempt(kept)
     first, steps = score, 1
-    ceiling = None
+    ceiling, whole = None, []
     if score < min_sqnr and float_weights == "int8":
-        # every layer float with int8 weights: the best any search can reach with them
-        ceiling = attempt(quantizable_layers(calibration, activations=activations, per_channel=per_channel))[1]
+        # every layer float with int8 weights: the best any search can reach with them. Within
+        # WEIGHT_MARGIN_DB of the target (weight rounding alone would take over half the noise the
+        # target allows), the fewest leading weighted layers keep float32 weights (bisection:
+        # rounding noise early is amplified most, and the first layers hold few weights)
+        everything = quantizable_layers(calibration, activations=activations, per_channel=per_channel)
+        ceiling = attempt(everything)[1]
         steps += 1
-        if ceiling < min_sqnr:
-            options["float_weights"] = "float32"
-            reasons.append({"reason": f"the float layers keep float32 weights: with int8 weights every layer float "
-                                      f"reaches {_rounded_db(ceiling)} dB, below the target"})
+        if ceiling < min_sqnr + WEIGHT_MARGIN_DB:
+            weighted = weighted_layers(calibration.graph)
+            low, high = 0, len(weighted)  # weighted[:low] misses the target, weighted[:high] (all) holds
+            while high - low > 1:
+                middle = (low + high) // 2
+                options["float32_weights"] = weighted[:middle]
+                steps += 1
+                if attempt(everything)[1] >= min_sqnr + WEIGHT_MARGIN_DB:
+                    high = middle
+                else:
+                    low = middle
+            whole = weighted[:high]
+            options["float32_weights"] = whole
+            reasons.append({"layers": whole, "reason": f"float32 weights: with int8 weights every layer float reaches "
+                                                      f"{_rounded_db(ceiling)} dB, less than {WEIGHT_MARGIN_DB:g} dB "
+                                                      "over the target; these leading layers keep float32 weights "
+                                                      "when kept float"})
     for _ in range(noise_rounds):
         if score >= min_sqnr:
             break
@@ -309,7 +327,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     summary = json.loads(quantized.metadata.get("quantization", "{}"))
     summary["mixed_precision"] = {"min_sqnr_db": min_sqnr, "sqnr_db": _rounded_db(score), "met": score >= min_sqnr,
                                   "int8_sqnr_db": _rounded_db(first), "samples": len(feeds), "steps": steps,
-                                  "float_weights": options["float_weights"],
+                                  "float_weights": float_weights, "float32_weight_layers": len(whole),
                                   **({} if ceiling is None else {"int8_weights_ceiling_db": _rounded_db(ceiling)}),
                                   "float_layers": len(kept), "quantized_layers": int(summary.get("layers", 0)),
                                   "kept_float": kept, "reasons": reasons}

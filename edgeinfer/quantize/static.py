@@ -142,7 +142,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                     quantize_outputs: bool = False, bias_correction: bool = False,
                     bias_correction_feeds: Sequence[Feeds] | None = None, backend: str | None = None,
                     correct_zero_biases: bool = False, sequential_correction: bool = True,
-                    float_weights: str = "float32") -> Model:
+                    float_weights: str = "float32", float32_weights: Iterable[str] = ()) -> Model:
     """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
     ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``).
 
@@ -156,7 +156,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     unless ``quantize_outputs``. ``float_weights="int8"``: the Conv/ConvTranspose/Gemm/MatMul
     layers of ``exclude`` keep float activations but their weights are rounded to int8 (one
     symmetric scale per output channel) and stored so (``edgeinfer.ir.weights.int8_rounded``):
-    float compute on int8 bytes."""
+    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     if float_weights not in FLOAT_WEIGHTS:
@@ -171,7 +171,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     options = StaticOptions(activation_type(activations), per_channel, exclude, reduce_range, quantize_outputs)
     rounded: list[str] = []
     if float_weights == "int8":
-        graph, rounded = int8_float_weights(graph, options.exclude)
+        whole = _layer_names(frozenset(float32_weights), graph, _graph_of(model))
+        graph, rounded = int8_float_weights(graph, options.exclude - whole)
     corrected: list | None = None
     if bias_correction:
         from edgeinfer.quantize.bias_correction import correct_biases
@@ -228,6 +229,11 @@ def int8_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, lis
     rounded = graph.replace(list(graph.nodes), initializers=inits)
     rounded.metadata = with_int8_stored_weights(rounded.metadata, axes)
     return rounded, sorted(axes)
+
+
+def weighted_layers(graph: Graph) -> list[str]:
+    """The layers of ``graph`` with a constant Conv/ConvTranspose/Gemm/MatMul weight, in graph order."""
+    return [layer_name(n) for n in graph.nodes if _weight_axis(n, graph) is not None]
 
 
 def _weight_axis(node, graph: Graph) -> int | None:
