@@ -28,7 +28,7 @@ from edgeinfer.ir.lowering import find_lowering, lower_graph
 from edgeinfer.ir.onnx_io import schema_reason
 
 from .convert import backend_error, export, memory_external_data_supported, read_onnx
-from .int8 import exact_graph, own_quantization_parameters
+from .int8 import exact_graph, float_transposed_conv_weights, own_quantization_parameters
 from .support import node_reason
 
 DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
@@ -147,6 +147,7 @@ class OpenVinoBackend(Backend):
         integer_path = None
         if "CPU" in device_name:  # the probe measures the CPU plugin's kernels; a GPU's are its own
             lowered, integer_path = exact_graph(lowered)  # int8 weights as uint8 where they saturate here
+        lowered = float_transposed_conv_weights(lowered)  # its INT8 ConvTranspose is wrong (PP-OCRv4 det)
         lowered = own_quantization_parameters(lowered)  # its transformations edit shared constants in place
         model_bytes, names, buffers = export(lowered)
         try:

@@ -176,3 +176,28 @@ def test_conv_beside_a_channel_pad_sharing_its_zero_point_compiles_and_is_exact(
     assert len(readers) == len(set(readers))  # every scale and zero point read once
     assert_close(ei.Session(ei.Model(owned), backend="numpy").run(feeds)["y"],
                  ei.Session(ei.Model(graph), backend="numpy").run(feeds)["y"])
+
+
+def test_a_quantized_conv_transpose_runs_on_float_weights_and_matches_the_reference(rng):
+    """OpenVINO computes an INT8 ConvTranspose wrongly (PP-OCRv4 det: -10 dB where onnxruntime
+    gives 4.2 dB); the backend hands it the weight's float32 values instead (the activations stay
+    quantized). The rewrite keeps the numbers: the same result as the numpy reference."""
+    cin, cout = 8, 6
+    x = rng.integers(0, 256, (1, cin, 7, 7), dtype=np.uint8)
+    w = rng.integers(-127, 128, (cin, cout, 2, 2), dtype=np.int8)
+    scales = rng.uniform(0.002, 0.02, cout).astype(np.float32)
+    consts = {"s": np.float32(0.05), "z": np.uint8(100), "w": w, "ws": scales, "b": rng.standard_normal(cout).astype(np.float32),
+              "ys": np.float32(0.2), "yz": np.uint8(120)}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=1),
+             helper.make_node("ConvTranspose", ["xd", "wd", "b"], ["c"], strides=[2, 2], kernel_shape=[2, 2]),
+             helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["y"])]
+    graph = ei.convert(_model(nodes, {"x": x}, consts), optimize=0).graph
+    rewritten = int8.float_transposed_conv_weights(graph)
+    rewritten.verify()
+    transposed = next(n for n in rewritten.nodes if n.op_type == "ConvTranspose")
+    assert rewritten.values[transposed.inputs[1]].const.dtype == np.float32
+    assert sum(n.op_type == "DequantizeLinear" for n in rewritten.nodes) == 1  # the activation's stays
+    want = ei.Session(ei.Model(graph), backend="numpy").run({"x": x})["y"]
+    assert_close(ei.Session(ei.Model(rewritten), backend="numpy").run({"x": x})["y"], want, int_steps=1)
+    assert_close(OpenVinoBackend(device="cpu").compile(graph).run({"x": x})["y"], want, int_steps=1)
