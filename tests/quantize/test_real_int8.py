@@ -156,22 +156,32 @@ def test_face_detector_mixed_precision_meets_the_task_target_on_held_out_crops(t
     """Full INT8 loses the MediaPipe face detector about 3% of ``F1 x (1 - error)`` on held-out face
     crops (faces found, keypoints moved: about 10 dB output SQNR); ``min_sqnr`` keeps its noisiest
     layers float until the calibration samples reach 23 dB, and the held-out crops then reach the
-    issue's targets: the task metric within 1% of fp32 and 20 dB."""
+    issue's targets: the task metric within 1% of fp32 and 20 dB, with the float layers' weights
+    float32. With them int8 (the default) the file stays at the INT8 size (0.301x fp32 against
+    0.415x) and the SQNR target holds too, but the task metric stops short (0.984 against 0.995
+    measured by benchmarks/bench_int8_real.py): SQNR is not the detector's task metric."""
     task = TASKS["face_detection_short_range"]
     fp32 = _fp32(task.name)
     samples = task.calibration(2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        mixed = quantize(fp32, samples, min_sqnr=23.0)
+        mixed = quantize(fp32, samples, min_sqnr=23.0, float_weights="float32")
+        small = quantize(fp32, samples, min_sqnr=23.0)
         plain = quantize(fp32, samples)
     record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
     assert record["met"] and record["int8_sqnr_db"] < 20 and 0 < record["float_layers"]
     assert record["quantized_layers"] > 0  # some layers stay int8
-    mixed.save(tmp_path / "mixed.eim")
+    assert json.loads(small.metadata["quantization"])["mixed_precision"]["met"]
     held_out = task.held_out(2)
     reference = _outputs(fp32, held_out)
     plain_metric = task.metric(reference, _outputs(plain, held_out))
+    for label, model in (("float32", mixed), ("int8", small)):
+        model.save(tmp_path / f"{label}.eim")
+    assert (tmp_path / "int8.eim").stat().st_size < 0.8 * (tmp_path / "float32.eim").stat().st_size
     for backend in ("onnxruntime", "numpy"):
-        got = _outputs(ei.load(tmp_path / "mixed.eim"), held_out, backend)
+        got = _outputs(ei.load(tmp_path / "float32.eim"), held_out, backend)
         assert task.metric(reference, got) >= max(task.target, plain_metric), backend
+        assert output_sqnr(reference, got) >= 20.0, backend
+        got = _outputs(ei.load(tmp_path / "int8.eim"), held_out, backend)
+        assert task.metric(reference, got) > plain_metric + 0.005, backend
         assert output_sqnr(reference, got) >= 20.0, backend
