@@ -169,8 +169,9 @@ def float_transposed_conv_weights(graph: Graph) -> Graph:
         if node.op_type != "ConvTranspose" or node.domain or len(node.inputs) < 2:
             continue
         dequantize = graph.producer(node.inputs[1])
-        if dequantize is None or dequantize.op_type != "DequantizeLinear" or dequantize.domain:
-            continue
+        if dequantize is None or dequantize.op_type != "DequantizeLinear" or dequantize.domain \
+                or int(dequantize.attrs.get("block_size", 0)):
+            continue  # a blocked dequantization is left to OpenVINO
         parts = [initializers.get(name) if name else None for name in dequantize.inputs]
         if parts[0] is None or parts[1] is None or (len(parts) > 2 and dequantize.inputs[2] and parts[2] is None):
             continue
