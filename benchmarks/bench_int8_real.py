@@ -314,7 +314,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
-                        help="time fp32 and INT8 on onnxruntime instead (0: measure accuracy)")
+                        help="time fp32, INT8 and mixed on onnxruntime instead (0: measure accuracy)")
     parser.add_argument("--sizes", action="store_true", help="break the INT8 .eim down by role instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
