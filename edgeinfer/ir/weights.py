@@ -76,10 +76,15 @@ def int8_stored_weights(metadata: Mapping[str, str]) -> dict[str, int]:
 
 def with_int8_stored_weights(metadata: Mapping[str, str], axes: Mapping[str, int]) -> dict[str, str]:
     """``metadata`` with ``axes`` (name -> channel axis) added to the int8-stored weights."""
+    return _with_storage_table(metadata, _narrow_lists(metadata), {**int8_stored_weights(metadata), **axes})
+
+
+def _narrow_lists(metadata: Mapping[str, str]) -> dict[str, list[str]]:
+    """The declared narrow-stored weights as ``{dtype: [names]}``."""
     table: dict[str, list[str]] = {}
     for name, kind in stored_weights(metadata).items():
         table.setdefault(kind, []).append(name)
-    return _with_storage_table(metadata, table, {**int8_stored_weights(metadata), **axes})
+    return table
 
 
 def _int8_scale(array: np.ndarray, axis: int) -> np.ndarray:
@@ -134,9 +139,7 @@ def with_stored_weights(metadata: Mapping[str, str], names: Iterable[str], dtype
     """``metadata`` with ``names`` added to the weights stored as ``dtype``."""
     if dtype not in NARROW_DTYPES:
         raise ValueError(f"stored weight dtype {dtype!r}: expected one of {sorted(NARROW_DTYPES)}")
-    table: dict[str, list[str]] = {}
-    for name, kind in stored_weights(metadata).items():
-        table.setdefault(kind, []).append(name)
+    table = _narrow_lists(metadata)
     table.setdefault(dtype, []).extend(names)
     return _with_storage_table(metadata, table, int8_stored_weights(metadata))
 
