@@ -18,7 +18,9 @@ quantized again), ``cle_mixed`` both (``ei.quantize(equalize=True,
 min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
 correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SAMPLES`` calibration
 samples), ``cle_bc`` equalization then bias correction, ``bc_fast`` its fast variant (the shift
-of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``bc_zero`` bias correction that
+of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``gptq`` the default method with
+GPTQ weight rounding (``weight_rounding="gptq"``, Hessians on the first ``GPTQ_SAMPLES``
+calibration samples), ``gptq_mixed`` the ``mixed`` search on GPTQ-rounded weights, ``bc_zero`` bias correction that
 also corrects (and so stores) the zero biases the quantizer drops. ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
@@ -31,7 +33,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq gptq_mixed ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from edgeinfer.ir.lowering import lower_graph  # noqa: E402
 from edgeinfer.ir.onnx_io import graph_to_model  # noqa: E402
 from edgeinfer.quantize import equalized, guarded  # noqa: E402
 from edgeinfer.quantize.bias_correction import BIAS_CORRECTION_SAMPLES  # noqa: E402
+from edgeinfer.quantize.gptq import GPTQ_SAMPLES, with_gptq_weights  # noqa: E402
 from edgeinfer.quantize.methods import CALIBRATION_METHODS  # noqa: E402
 from edgeinfer.quantize.sensitivity import quantize_to_sqnr  # noqa: E402
 from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, quantize_static  # noqa: E402
@@ -191,6 +194,15 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
                 return guarded(found.model, equalized_calibration)
 
             measure("cle_mixed", with_cle_mixed)
+        if "gptq" in variants or "gptq_mixed" in variants:
+            rounded = with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])
+            if "gptq" in variants:
+                measure("gptq", lambda: guarded(quantize_static(fp32, rounded), calibration))
+            if "gptq_mixed" in variants:
+                target = MIXED_TARGET_DB[task.name]
+                measure("gptq_mixed", lambda: guarded(quantize_to_sqnr(fp32, rounded, target,
+                                                                       feeds=samples[:SEARCH_SAMPLES],
+                                                                       method=DEFAULT_METHOD).model, calibration))
         if "ort" in variants:
             measure("ort", lambda: ort_quantize_static(fp32, samples, folder))
             rows["variants"]["ort"]["guard_warned"] = None
@@ -311,7 +323,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "gptq", "gptq_mixed", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32, INT8 and mixed on onnxruntime instead (0: measure accuracy)")

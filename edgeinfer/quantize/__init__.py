@@ -25,6 +25,8 @@ from edgeinfer.quantize.fp16 import fp16_weights
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import DEFAULT_METHOD, FLOAT_WEIGHTS, Calibration, calibrate, quantize_static
 
+WEIGHT_ROUNDINGS = ("nearest", "gptq")
+
 MODES = ("static", "dynamic", "weight_only")
 WEIGHT_FORMATS = ("int8", "int4", "fp16")
 
@@ -38,7 +40,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
              quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None,
-             layout: str | None = None, bias_correction: bool = False, float_weights: str | None = None) -> Model:
+             layout: str | None = None, bias_correction: bool = False, float_weights: str | None = None,
+             weight_rounding: str = "nearest") -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -91,6 +94,12 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     --variants bc``) it raised YOLOv8n and PP-OCRv4 det but lowered the MediaPipe face models
     with 8 calibration samples (README, "Mixed precision").
 
+    ``weight_rounding="gptq"`` (static): the Conv/Gemm/MatMul weights are rounded to the same
+    int8 grid by GPTQ (``gptq.py``; Frantar et al. 2023) instead of to the nearest step: column
+    by column, each rounding error compensated in the columns left through the inverse Hessian
+    of the layer's inputs on the first ``GPTQ_SAMPLES`` calibration samples, so that the layer's
+    output moves least. The same bytes; the quantized and the int8-stored float layers alike.
+
     Every static quantization ends with the quality guard (``guard.py``): INT8 against fp32
     on held-out calibration samples, per output SQNR and cosine, in the model's
     ``quantization`` metadata; below 15 dB or 0.99 a ``QuantizationQualityWarning`` names the
@@ -98,6 +107,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     """
     if weights not in WEIGHT_FORMATS:
         raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
+    if weight_rounding not in WEIGHT_ROUNDINGS or (weight_rounding != "nearest" and (mode != "static" or weights != "int8")):
+        raise InputError(f"weight_rounding={weight_rounding!r}: expected one of {WEIGHT_ROUNDINGS} "
+                         f"(gptq with static int8 quantization; got mode={mode!r}, weights={weights!r})")
     if mode not in MODES:
         raise InputError(f"quantization mode {mode!r}: expected one of {MODES}")
     if not isinstance(model, Model):
@@ -126,6 +138,16 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     calibration = calibrate(model, calibration_data, limit=limit, backend=backend, progress=progress,
                             hold_out=True, **source)
     searched = min_sqnr is not None or max_accuracy_drop is not None
+    reference = calibration  # the guard's: its graph is the float model
+    if weight_rounding == "gptq":
+        if not per_channel:
+            raise InputError("weight_rounding='gptq' rounds on one scale per output channel: expected "
+                             "per_channel=True, found per_channel=False")
+        from edgeinfer.quantize.gptq import GPTQ_SAMPLES, with_gptq_weights
+
+        calibration = with_gptq_weights(calibration, calibration_feeds(
+            calibration, calibration_data, min(GPTQ_SAMPLES, calibration.samples), **source),
+            backend=backend, reduce_range=reduce_range)
     float_weights = float_weights or ("int8" if searched else "float32")
     if bias_correction and searched:
         raise InputError("bias_correction applies to plain static quantization, not with min_sqnr or max_accuracy_drop")
@@ -141,7 +163,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         if not result.within_budget:
             warnings.warn(f"SQNR target {min_sqnr:g} dB not met: {result.final_metric:.1f} dB with "
                           f"{len(result.kept_float)} layers in float", stacklevel=2)
-        return guarded(result.model, calibration, backend)
+        return guarded(result.model, reference, backend)
     if max_accuracy_drop is None:
         correction = {}
         if bias_correction:
@@ -155,7 +177,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
                                        quantize_outputs=quantize_outputs, float_weights=float_weights,
                                        **correction),
-                       calibration, backend)
+                       reference, backend)
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
     from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
@@ -168,7 +190,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     if not result.within_budget:
         warnings.warn(f"accuracy budget {max_accuracy_drop} not met: fp32 {result.float_metric:.3f}, best "
                       f"{result.final_metric:.3f} with {len(result.kept_float)} layers in float", stacklevel=2)
-    return guarded(result.model, calibration, backend)
+    return guarded(result.model, reference, backend)
 
 
 def guarded(quantized: Model, calibration: Calibration, backend: str | None = None) -> Model:

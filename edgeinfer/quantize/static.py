@@ -109,6 +109,10 @@ class Calibration:
     samples: int
     held_out: list[Feeds] = field(default_factory=list)  # samples calibration did not see
     first: list[Feeds] = field(default_factory=list)  # the first calibration samples (guard fallback)
+    # the graph quantization takes its weights from, where they were rounded beforehand (GPTQ,
+    # ``gptq.with_gptq_weights``); ``graph`` stays the float reference every measurement compares with
+    rounded_graph: Graph | None = None
+    weight_rounding: dict = field(default_factory=dict)  # how rounded_graph's weights were rounded
 
     def ranges(self, method: str, activation: str = "uint8", **options: float) -> dict[str, tuple[float, float]]:
         qtype = activation_type(activation)
@@ -162,7 +166,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if float_weights not in FLOAT_WEIGHTS:
         raise InputError(f"float_weights {float_weights!r}: expected one of {FLOAT_WEIGHTS}")
     source = model if isinstance(model, Model) else Model(model)
-    graph = calibration.graph
+    graph = calibration.graph if calibration.rounded_graph is None else calibration.rounded_graph
     if set(_graph_of(model).input_names) != set(graph.input_names):
         raise InputError("calibration was collected on a different model: its inputs "
                          f"{graph.input_names} differ from {_graph_of(model).input_names}")
@@ -191,6 +195,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                "layers": len(plan.layers), "excluded": sorted(options.exclude),
                "quantize_outputs": quantize_outputs,
                "calibration_samples": calibration.samples}
+    if calibration.rounded_graph is not None:
+        summary["weight_rounding"] = dict(calibration.weight_rounding)
     if rounded:
         summary["float_layer_weights"] = {"format": "int8", "weights": len(rounded)}
     if corrected is not None:
