@@ -8,10 +8,9 @@ output channel, ``max |W| / 127`` (the row's largest weight keeps its extreme co
 result is exactly ``q * scale`` with int8 ``q``. The QDQ quantizer and the int8 weight storage
 (``edgeinfer.ir.weights.int8_factors``) recover those codes as they are.
 
-Measured (``benchmarks/bench_int8_real.py --variants gptq``): on the corpus' vision models, int8
-weights alone (float activations) moved from 19.6-41.4 dB output SQNR with nearest rounding to
-28.1-50.9 dB. The Hessians come from the float model's own activations (not a sequentially
-quantized one's), as in GPTQ's reference code with ``--act-order`` off.
+Measured by ``benchmarks/bench_int8_real.py --variants gptq gptq_mixed``. The Hessians come from
+the float model's own activations (not a sequentially quantized one's); columns are taken in
+order (GPTQ's ``--act-order`` off).
 
 Layers handled: Conv with a 1-D or 2-D kernel (groups included: one Hessian per group), Gemm and
 MatMul with a constant 2-D weight. Others (ConvTranspose, 3-D kernels) keep nearest rounding.
@@ -25,24 +24,25 @@ import numpy as np
 
 from edgeinfer.errors import InputError
 from edgeinfer.ir.graph import Graph, Node
+from edgeinfer.ir.weights import INT8_LIMIT
 
-INT8_LIMIT = 127
 DAMPING = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's percdamp)
 
 
 def _layout(node: Node, graph: Graph) -> str | None:
-    """How ``node``'s constant weight (input 1) is laid out for GPTQ, or None if it is not handled."""
-    weight = graph.values.get(node.inputs[1]) if len(node.inputs) > 1 and not node.domain else None
-    if weight is None or weight.const is None or weight.const.dtype != np.float32:
+    """How ``node``'s constant weight (input 1) is laid out for GPTQ, or None if it is not handled:
+    the weighted layers of ``static._weight_axis`` with a float32 2-D matrix or 1-D/2-D kernel."""
+    from edgeinfer.quantize.static import _weight_axis
+
+    axis = _weight_axis(node, graph)
+    if axis is None or graph.values[node.inputs[1]].const.dtype != np.float32:
         return None
-    rank = weight.const.ndim
-    if node.op_type == "Conv" and rank in (3, 4):
-        return "conv"
-    if node.op_type == "Gemm" and rank == 2 and not int(node.attrs.get("transA", 0)):
-        return "gemm_t" if int(node.attrs.get("transB", 0)) else "matmul"
-    if node.op_type == "MatMul" and rank == 2:
-        return "matmul"
-    return None
+    rank = graph.values[node.inputs[1]].const.ndim
+    if node.op_type == "Conv":
+        return "conv" if rank in (3, 4) else None
+    if rank != 2 or node.op_type not in ("Gemm", "MatMul") or int(node.attrs.get("transA", 0)):
+        return None
+    return "gemm_t" if axis == 0 else "matmul"
 
 
 def _conv_columns(x: np.ndarray, node: Node, kernel: tuple[int, ...], groups: int) -> np.ndarray:
