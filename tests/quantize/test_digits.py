@@ -193,7 +193,8 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     channel (float compute): the target still holds with the rounded weights (every step measures
     with them) in a smaller file than with float32 weights. Where int8 weights alone come within
     WEIGHT_MARGIN_DB of the target (on this model they are as noisy as the whole INT8 model), the
-    fewest leading weighted layers keep float32 weights, and the record says which."""
+    fewest layers whose int8 weights alone cost the most output noise per byte keep float32
+    weights: the record says which and what each cost, and one layer fewer misses the margin."""
     from edgeinfer.ir.weights import int8_rounded, int8_stored_weights
     from edgeinfer.quantize.guard import output_quality
     from edgeinfer.quantize.sensitivity import WEIGHT_MARGIN_DB, quantize_to_sqnr
@@ -211,9 +212,27 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     assert output_quality(fp32.graph, small.model.graph, feeds)[0].sqnr_db >= target
     record = json.loads(small.model.metadata["quantization"])["mixed_precision"]
     assert record["float_weights"] == "int8" and record["int8_weights_ceiling_db"] == pytest.approx(ceiling, abs=0.01)
-    whole = next(r["layers"] for r in record["reasons"] if r["reason"].startswith("float32 weights"))
-    leading = [n.name or n.outputs[0] for n in calibration.graph.nodes if n.op_type in ("Conv", "Gemm")]
-    assert 0 < len(whole) == record["float32_weight_layers"] < len(leading) and whole == leading[:len(whole)]
+    chosen = next(r for r in record["reasons"] if r["reason"].startswith("float32 weights"))
+    whole = chosen["layers"]
+    weighted = [n.name or n.outputs[0] for n in calibration.graph.nodes if n.op_type in ("Conv", "Gemm")]
+    assert 0 < len(whole) == record["float32_weight_layers"] < len(weighted) and set(whole) <= set(weighted)
+
+    def weights_only_sqnr(float32_weights) -> float:
+        model = quantize_static(fp32, calibration, exclude=quantizable_layers(calibration), float_weights="int8",
+                                float32_weights=float32_weights)
+        return output_quality(fp32.graph, model.graph, feeds)[0].sqnr_db
+
+    nodes = {n.name or n.outputs[0]: n for n in calibration.graph.nodes}
+    noise_per_byte = {}
+    for layer in weighted:  # each layer's int8 weights alone, measured again
+        alone = weights_only_sqnr([other for other in weighted if other != layer])
+        if layer in whole:
+            assert chosen["int8_weights_alone_db"][layer] == pytest.approx(alone, abs=0.01)
+        weight_bytes = sum(calibration.graph.initializers[name].nbytes for name in nodes[layer].inputs[1:])
+        noise_per_byte[layer] = 10 ** (-alone / 10) / weight_bytes
+    assert min(noise_per_byte[layer] for layer in whole) >= max(noise_per_byte[layer] for layer in weighted
+                                                                  if layer not in whole)
+    assert weights_only_sqnr(whole) >= target + WEIGHT_MARGIN_DB > weights_only_sqnr(whole[:-1])
     stored = int8_stored_weights(small.model.graph.metadata)
     expected = {n.inputs[1] for n in small.model.graph.nodes if n.op_type in ("Conv", "Gemm")
                 and (n.name or n.outputs[0]) in set(small.kept_float) - set(whole)}
