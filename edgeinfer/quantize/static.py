@@ -174,8 +174,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     ranges = calibration.ranges(method, activations, **dict(method_options or {}))
     options = StaticOptions(activation_type(activations), per_channel, exclude, reduce_range, quantize_outputs)
     rounded: list[str] = []
-    if float_weights == "int8":
-        whole = _layer_names(frozenset(float32_weights), graph, _graph_of(model))
+    whole = _layer_names(frozenset(float32_weights), graph, _graph_of(model)) if float_weights == "int8" else None
+    if calibration.rounded_graph is not None:  # float32 weights are the float model's, not the rounded ones
+        graph = with_weights_of(graph, calibration.graph, options.exclude if whole is None else options.exclude & whole)
+    if whole is not None:
         graph, rounded = int8_float_weights(graph, options.exclude - whole)
     corrected: list | None = None
     if bias_correction:
@@ -208,6 +210,20 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     metadata = dict(source.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)
     return Model(quantized, metadata)
+
+
+def with_weights_of(graph: Graph, reference: Graph, layers: frozenset[str]) -> Graph:
+    """``graph`` whose weights were rounded beforehand (GPTQ), with the weights (input 1) of the
+    weighted layers among ``layers`` as ``reference`` holds them."""
+    names = {node.inputs[1] for node in graph.nodes
+             if layer_name(node) in layers and _weight_axis(node, graph) is not None}
+    originals = {name: reference.values[name].const for name in names
+                 if name in reference.values and reference.values[name].const is not None}
+    if not originals:
+        return graph
+    inits = graph.initializers
+    inits.update(originals)
+    return graph.replace(list(graph.nodes), initializers=inits)
 
 
 def int8_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:

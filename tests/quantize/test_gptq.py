@@ -94,6 +94,37 @@ def test_quantize_with_gptq_records_it_and_stays_accurate():
     assert sqnr(ref, np.concatenate([got.run(f)["y"].ravel() for f in held_out])) > 20
 
 
+def test_layers_kept_float_with_float32_weights_get_the_float_weights_not_the_rounded_ones():
+    """A layer kept float with float32 weights computes on the float model's weights; with int8
+    float-layer weights, on the GPTQ-rounded ones (those are its int8 codes). Before, every float32
+    weight of a GPTQ calibration was the rounded one, so mixed precision found no float32 weight
+    that helped and stored all of them float32 (PP-OCRv4 det: 0.999x fp32)."""
+    from edgeinfer.quantize.gptq import with_gptq_weights
+    from edgeinfer.quantize.static import calibrate, quantizable_layers, quantize_static
+
+    model = _model()
+    feeds = _feeds(16, 6)
+    calibration = calibrate(model, feeds, backend="numpy")
+    rounded = with_gptq_weights(calibration, feeds, backend="numpy")
+    original, gptq = calibration.graph.initializers, rounded.rounded_graph.initializers
+    assert not np.array_equal(original["w1"], gptq["w1"]) and not np.array_equal(original["w3"], gptq["w3"])
+
+    def weights(graph) -> dict[str, np.ndarray]:  # a float layer's weight is a constant input of its node
+        nodes = {n.name: n for n in graph.nodes}
+        return {name: graph.values[nodes[layer].inputs[1]].const for layer, name in (("conv1", "w1"), ("fc", "w3"))}
+
+    float32 = quantize_static(model, rounded, exclude=["conv1", "fc"], float_weights="float32")
+    np.testing.assert_array_equal(weights(float32.graph)["w1"], original["w1"])
+    np.testing.assert_array_equal(weights(float32.graph)["w3"], original["w3"])
+    mixed = quantize_static(model, rounded, exclude=["conv1", "fc"], float_weights="int8", float32_weights=["fc"])
+    np.testing.assert_array_equal(weights(mixed.graph)["w1"], gptq["w1"])  # int8-stored: GPTQ's codes
+    np.testing.assert_array_equal(weights(mixed.graph)["w3"], original["w3"])
+    every = quantize_static(model, rounded, exclude=quantizable_layers(rounded), float_weights="float32")
+    for feed in _feeds(4, 7):  # every layer float with float32 weights: the float model itself
+        np.testing.assert_allclose(ei.Session(every, backend="numpy").run(feed)["y"],
+                                   ei.Session(model, backend="numpy").run(feed)["y"], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("options", [dict(weight_rounding="ada"), dict(weight_rounding="gptq", per_channel=False),
                                      dict(weight_rounding="gptq", mode="dynamic")])
 def test_bad_weight_rounding_options_are_typed_errors(options):
