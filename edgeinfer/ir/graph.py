@@ -285,6 +285,17 @@ class Graph:
         return Counter((f"{n.domain}::{n.op_type}" if n.domain else n.op_type) for n in self.nodes)
 
     # -- partitions ---------------------------------------------------------------------------
+    def computed_from_constants(self) -> dict[str, Node]:
+        """Value name -> the node computing it from constants alone, directly or through other
+        such nodes (a weight's DequantizeLinear, a Cast or Transpose of a constant)."""
+        found: dict[str, Node] = {}
+        for node in self.nodes:
+            reads = [name_ for name_ in node.inputs if name_]
+            if reads and not node.subgraphs() and all(
+                    name_ in found or self.values[name_].const is not None for name_ in reads):
+                found.update({name_: node for name_ in node.outputs if name_})
+        return found
+
     def body_readers(self) -> dict[str, list[Node]]:
         """Value name -> the nodes whose bodies (subgraphs) read it from this scope."""
         readers: dict[str, list[Node]] = {}

@@ -13,7 +13,7 @@ nowhere to go: its error reaches the caller.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from edgeinfer.backend import Backend, CompileOptions
@@ -38,16 +38,44 @@ def _close(executable: Any) -> None:
 
 def probe_compile(part: Any, backend: Backend) -> dict[int, str]:
     """Node index -> why ``backend`` cannot compile that node alone (every node of the part if
-    none fails alone: then only their combination fails)."""
+    none fails alone: then only their combination fails). Nodes are probed as ``_probe_units``
+    groups them: a node with the nodes that compute its constant inputs."""
     culprits: dict[int, str] = {}
     options = CompileOptions(threads=1)
-    for index, node in zip(part.nodes, part.graph.nodes):
-        sub = part.graph.subgraph([node], name=f"probe_{node.name or node.outputs[0]}")
+    for indices, sub in _probe_units(part):
         try:
             _close(backend.compile(sub, options))
         except Exception as exc:  # noqa: BLE001 - the culprit's reason
-            culprits[index] = f"failed to compile: {_first_line(exc)}"
+            for index in indices:
+                culprits.setdefault(index, f"failed to compile: {_first_line(exc)}")
     return culprits
+
+
+def _probe_units(part: Any) -> Iterator[tuple[list[int], Graph]]:
+    """(node indices, probe graph) per node of ``part``: the node with the nodes computing its
+    constant inputs (a weight's DequantizeLinear), whose outputs are the node's own. Such
+    constant nodes are judged with their readers, not alone, where a constant output or a
+    computed weight would fail though the part does not; one whose output leaves the part is
+    probed alone too."""
+    graph = part.graph
+    constant_inputs = graph.computed_from_constants()
+    leaving = set(graph.output_names)
+    index_of = {id(node): index for index, node in zip(part.nodes, graph.nodes)}
+    for node in graph.nodes:
+        if all(name in constant_inputs and name not in leaving for name in node.outputs if name):
+            continue  # probed with its readers
+        chosen: dict[int, Any] = {}
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            if id(current) not in chosen:
+                chosen[id(current)] = current
+                stack.extend(constant_inputs[name] for name in current.inputs if name in constant_inputs)
+        sub = graph.subgraph(chosen.values(), name=f"probe_{node.name or node.outputs[0]}")
+        own = [value for value in sub.outputs if value.name in node.outputs]
+        if own and len(own) < len(sub.outputs):
+            sub = sub.replace(outputs=own)
+        yield [index_of[id(n)] for n in sub.nodes], sub
 
 
 def probe_run(part: Any, backend: Backend, reference: Backend, feeds: Mapping[str, Any]) -> dict[int, str]:
@@ -57,8 +85,7 @@ def probe_run(part: Any, backend: Backend, reference: Backend, feeds: Mapping[st
     culprits: dict[int, str] = {}
     options = CompileOptions(threads=1)
     env: dict[str, Any] = {**part.graph.initializers, **feeds}
-    for index, node in zip(part.nodes, part.graph.nodes):
-        sub = part.graph.subgraph([node], name=f"probe_{node.name or node.outputs[0]}")
+    for indices, sub in _probe_units(part):
         node_feeds = {name: env[name] for name in sub.input_names}
         executable = None
         try:
@@ -72,7 +99,8 @@ def probe_run(part: Any, backend: Backend, reference: Backend, feeds: Mapping[st
                 raise RequestFault from exc
             finally:
                 _close(fallback)
-            culprits[index] = f"failed to run: {_first_line(exc)}"
+            for index in indices:
+                culprits.setdefault(index, f"failed to run: {_first_line(exc)}")
         finally:
             if executable is not None:
                 _close(executable)

@@ -3,7 +3,8 @@
 1. ``assign``: every node goes to the first backend, in priority order, whose ``supports``
    accepts it; the numpy reference (which runs everything ONNX defines) is always the last
    resort. The reasons the earlier backends gave are kept, so a plan can say why a node fell
-   back.
+   back. A node computing from constants alone (a weight's DequantizeLinear) then follows its
+   readers' backend, so that no constant crosses parts.
 2. ``group``: nodes on the same backend are merged into subgraphs without creating a cycle
    between subgraphs. Each node gets a level, at least its same-backend producers' level and
    above its other producers' level (the earliest such, then raised towards its consumers as
@@ -90,7 +91,34 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
             raise BackendError(f"no backend can run {node.label}: {listed}")
         if reasons:
             declined[index] = reasons
+    _follow_consumers(graph, by_name, placed, set(pinned or ()), excluded)
     return Assignment(placed, declined)
+
+
+def _follow_consumers(graph: Graph, by_name: Mapping[str, Backend], placed: list[str], pinned: set[int],
+                      excluded: Mapping[int, Mapping[str, str]]) -> None:
+    """A node that reads only constants (a weight's DequantizeLinear, a Cast or Transpose of one)
+    moves to the backend of its readers when they all sit on one that runs it: placed apart from
+    them its output would be a constant crossing parts, which an engine that computes every
+    output (TFLite) cannot compile, and its readers would lose a constant weight. Reverse graph
+    order, so a chain of such nodes follows its last reader."""
+    computed = {id(node) for node in graph.computed_from_constants().values()}
+    followers = [index for index, node in enumerate(graph.nodes) if id(node) in computed]
+    if not followers:
+        return
+    readers = _readers(graph)
+    outputs = set(graph.output_names)
+    for index in reversed(followers):
+        node = graph.nodes[index]
+        if index in pinned or any(name in outputs for name in node.outputs):
+            continue
+        targets = {placed[reader] for name in node.outputs if name for reader in readers.get(name, ())}
+        if len(targets) != 1:
+            continue
+        target = targets.pop()
+        if target != placed[index] and target not in excluded.get(index, {}) \
+                and by_name[target].supports(node, graph) is None:
+            placed[index] = target
 
 
 def _edges(graph: Graph) -> tuple[list[set[int]], list[set[int]]]:

@@ -211,3 +211,61 @@ def test_a_value_read_only_inside_another_parts_if_branch_is_that_parts_output()
     feeds = {"x": np.array([-1.0, 2.0, -3.0, 4.0], np.float32), "flag": np.array(True)}
     got = build_executor(plan, backends, threads=1).run(feeds)
     assert_close(got["y"], ei.Session(model).run(feeds)["y"])
+
+
+def _qdq_conv_pair():
+    """x -> Conv (weight DequantizeLinear(int8 w1)) -> Relu -> ConvTranspose (weight
+    DequantizeLinear(int8 w2)) -> y: each weight is computed from constants by its own node."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (4, 4, 3, 3), dtype=np.int8), "w1"),
+             numpy_helper.from_array(np.full(4, 0.02, np.float32), "s1"),
+             numpy_helper.from_array(rng.integers(-127, 128, (4, 2, 2, 2), dtype=np.int8), "w2"),
+             numpy_helper.from_array(np.full(4, 0.03, np.float32), "s2")]
+    nodes = [helper.make_node("DequantizeLinear", ["w1", "s1"], ["w1f"], name="dq1", axis=0),
+             helper.make_node("Conv", ["x", "w1f"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("DequantizeLinear", ["w2", "s2"], ["w2f"], name="dq2", axis=0),
+             helper.make_node("ConvTranspose", ["r", "w2f"], ["y"], name="up", strides=[2, 2])]
+    graph = helper.make_graph(nodes, "qdq_pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16])], inits)
+    return ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), optimize=0)
+
+
+def test_a_weights_dequantize_goes_where_its_reader_goes():
+    """A node computing from constants alone (a weight's DequantizeLinear) follows its reader's
+    backend: placed on the backend that declined its reader, its output would be a constant
+    leaving a part, which TFLite cannot compile (PP-OCRv4 det INT8 on tflite: 25 nodes moved by
+    re-partitioning, the part's real fault hidden behind probes of lone DequantizeLinear nodes)."""
+    pytest.importorskip("ai_edge_litert")
+    model = _qdq_conv_pair()
+    npu = RestrictedBackend("npu", {"DequantizeLinear", "Conv", "Relu"}, inner="tflite")
+    plan = make_plan(model.graph, [npu, *make_backends(["numpy"])])
+    check_structure(plan)
+    placed = {model.graph.nodes[i].name: b for i, b in enumerate(plan.assignment.backends)}
+    assert placed == {"dq1": "npu", "conv": "npu", "relu": "npu", "dq2": "numpy", "up": "numpy"}
+    assert all(not (set(p.outputs) & set(model.graph.initializers)) for p in plan.parts)
+    x = {"x": np.random.default_rng(4).standard_normal((1, 4, 8, 8)).astype(np.float32)}
+    with ei.Session(model, backend=[npu, "numpy"]) as session:
+        got = session.run(x)
+        assert not session.compiled_plan(x).repartitions  # nothing failed to compile
+    assert_close(got["y"], ei.Session(model, backend="numpy").run(x)["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_compile_probes_judge_a_weights_dequantize_with_its_reader():
+    """The node-by-node probe after a failed compile takes a node with the nodes computing its
+    constant inputs, and only the node's own outputs: a lone DequantizeLinear of a weight (a
+    constant output) or a Conv whose weight arrives as an input is no culprit of its own."""
+    pytest.importorskip("ai_edge_litert")
+    from edgeinfer.backend import get_backend
+    from edgeinfer.runtime.fallback import _probe_units, probe_compile
+    from edgeinfer.scheduler.partition import Part
+
+    model = _qdq_conv_pair()
+    graph = model.graph
+    first = [i for i, node in enumerate(graph.nodes) if node.name in ("dq1", "conv", "relu")]
+    part = Part("tflite", first, graph.subgraph([graph.nodes[i] for i in first]))
+    units = [([graph.nodes[i].name for i in indices], sub.output_names) for indices, sub in _probe_units(part)]
+    assert units == [(["dq1", "conv"], ["c"]), (["relu"], ["r"])]
+    assert probe_compile(part, get_backend("tflite")) == {}
