@@ -20,7 +20,7 @@ from edgeinfer.cli.support import LazyChoice, LibraryDefault, handle_errors
 from edgeinfer.errors import InputError
 
 _CALIBRATION_KEYS = ("calib", "calib_random", "calib_limit", "method", "activations", "per_tensor", "mean",
-                     "std", "size", "layout", "exclude", "float_weights")
+                     "std", "size", "layout", "exclude", "float_weights", "weight_rounding")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -77,6 +77,10 @@ def _calibration_options(fn):
                      help="How the layers kept float store their Conv/Gemm/MatMul weights: int8 with a scale per "
                           "channel (float compute) or float32. Default: int8 for the layers --min-sqnr or "
                           "--max-accuracy-drop keep float, float32 for --exclude alone."),
+        click.option("--weight-rounding", type=click.Choice(["nearest", "gptq"]),
+                     help="How int8 weights are rounded: to the nearest step, or by GPTQ (each rounding error "
+                          "compensated in the weights left, on calibration samples; the same bytes). "
+                          "Default: gptq with --min-sqnr, nearest otherwise."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -85,8 +89,8 @@ def _calibration_options(fn):
 
 def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_limit: int | None, method: str,
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
-              layout: str | None, exclude: tuple[str, ...], float_weights: str | None = None, quiet: bool = False,
-              **extra: Any):
+              layout: str | None, exclude: tuple[str, ...], float_weights: str | None = None,
+              weight_rounding: str | None = None, quiet: bool = False, **extra: Any):
     from edgeinfer.cli.progress import shows_progress
     from edgeinfer.quantize import quantize
 
@@ -100,7 +104,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
                     weights="fp16" if mode == "fp16" else "int8", activations=activations,
                     per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
                     progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"),
-                    layout=layout, **({"float_weights": float_weights} if float_weights else {}), **extra)
+                    layout=layout, float_weights=float_weights, weight_rounding=weight_rounding, **extra)
 
 
 def quantize_options(fn):

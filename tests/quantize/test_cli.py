@@ -1,3 +1,5 @@
+import json
+
 import click
 import numpy as np
 import onnx
@@ -252,3 +254,30 @@ def test_float_weights_option_stores_the_excluded_layers_weights_as_int8(files, 
     refused = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--mode", "dynamic",
                                                     "--float-weights", "int8", "-o", str(tmp_path / "d.eim")])
     assert refused.exit_code != 0 and refused.output.count("\n") == 1 and "float_weights" in refused.output
+
+
+def test_weight_rounding_option_rounds_by_gptq_as_the_library_does(files, tmp_path):
+    """--weight-rounding gptq gives what ei.quantize(weight_rounding="gptq") gives, and says so in
+    the metadata; by default plain int8 rounds to nearest and --min-sqnr by GPTQ; with dynamic
+    quantization it is a one-line error."""
+    from edgeinfer.quantize import quantize
+
+    folder, proto = files
+    model = ei.convert(proto)
+    runs = {"gptq": ["--weight-rounding", "gptq"], "default": [], "min_sqnr": ["--min-sqnr", "20"]}
+    rounding = {}
+    for label, options in runs.items():
+        result = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--calib", str(folder / "calib"),
+                                                       *options, "-o", str(tmp_path / f"{label}.eim")])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(ei.load(tmp_path / f"{label}.eim").metadata["quantization"])
+        rounding[label] = summary.get("weight_rounding", {}).get("method", "nearest")
+    assert rounding == {"gptq": "gptq", "default": "nearest", "min_sqnr": "gptq"}
+    feeds = zoo.example_inputs(proto, seed=42)
+    samples = [np.load(folder / "calib" / f"{seed}.npy") for seed in range(6)]
+    expected = quantize(model, samples, weight_rounding="gptq")
+    np.testing.assert_allclose(ei.Session(ei.load(tmp_path / "gptq.eim"), backend="numpy").run(feeds)["logits"],
+                               ei.Session(expected, backend="numpy").run(feeds)["logits"], rtol=1e-5, atol=1e-6)
+    refused = CliRunner().invoke(quantize_command, [str(folder / "cnn.onnx"), "--mode", "dynamic",
+                                                    "--weight-rounding", "gptq", "-o", str(tmp_path / "d.eim")])
+    assert refused.exit_code != 0 and refused.output.count("\n") == 1 and "weight_rounding" in refused.output
