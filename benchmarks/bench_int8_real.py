@@ -10,17 +10,19 @@ scores 1.0. For each model: calibrate once (edgeinfer's histograms), quantize wi
 method, run the held-out crops on each backend; ``ort`` is onnxruntime's ``quantize_static``
 (QDQ, per-channel int8 weights, uint8 activations, MinMax) of the same fp32 graph with the
 same calibration samples, run on onnxruntime. ``cle`` is the default method after cross-layer
-equalization (``equalize=True``), ``mixed`` the default method with ``min_sqnr`` mixed precision
-(the target per model: ``MIXED_TARGET_DB``, measured by the search on calibration samples; the
-column ``float`` counts the layers it kept float; their Conv/Gemm/MatMul weights are int8-stored,
-float compute), ``mixed_f32`` the same search with those weights kept float32, ``mixed_pruned`` that search with ``prune=True`` (float layers the target holds without are
-quantized again), ``cle_mixed`` both (``ei.quantize(equalize=True,
-min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
+equalization (``equalize=True``), ``mixed`` what ``ei.quantize(min_sqnr=...)`` does: the default
+method with GPTQ-rounded weights (its default ``weight_rounding``; Hessians on the first
+``GPTQ_SAMPLES`` calibration samples) and mixed precision (the target per model:
+``MIXED_TARGET_DB``, measured by the search on calibration samples; the column ``float`` counts
+the layers it kept float; their Conv/Gemm/MatMul weights are int8-stored, float compute),
+``mixed_nearest`` the same search on weights rounded to the nearest step, ``mixed_f32`` the
+search with the float layers' weights kept float32, ``mixed_pruned`` the search with
+``prune=True`` (float layers the target holds without are quantized again), ``cle_mixed`` both
+(``ei.quantize(equalize=True, min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
 correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SAMPLES`` calibration
 samples), ``cle_bc`` equalization then bias correction, ``bc_fast`` its fast variant (the shift
 of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``gptq`` the default method with
-GPTQ weight rounding (``weight_rounding="gptq"``, Hessians on the first ``GPTQ_SAMPLES``
-calibration samples), ``gptq_mixed`` the ``mixed`` search on GPTQ-rounded weights, ``bc_zero`` bias correction that
+GPTQ weight rounding (``weight_rounding="gptq"``) and no search, ``bc_zero`` bias correction that
 also corrects (and so stores) the zero biases the quantizer drops. ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
@@ -33,7 +35,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq gptq_mixed ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -173,36 +175,28 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             measure("bc_zero", lambda: bias_corrected(fp32, calibration, correct_zero_biases=True))
         if "cle_bc" in variants:
             measure("cle_bc", lambda: bias_corrected(*equalized_and_calibrated()))
-        if "mixed" in variants:
-            target = MIXED_TARGET_DB[task.name]
-            measure("mixed", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
-                                                              method=DEFAULT_METHOD).model, calibration))
-        if "mixed_f32" in variants:  # the search with the float layers' weights kept float32 (before: the default)
-            target = MIXED_TARGET_DB[task.name]
-            measure("mixed_f32", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
-                                                                  method=DEFAULT_METHOD, float_weights="float32").model,
-                                                 calibration))
-        if "mixed_pruned" in variants:  # min_sqnr's stage 3 (prune=True), not on by default
-            target = MIXED_TARGET_DB[task.name]
-            measure("mixed_pruned", lambda: guarded(quantize_to_sqnr(fp32, calibration, target, feeds=samples[:SEARCH_SAMPLES],
-                                                                     method=DEFAULT_METHOD, prune=True).model, calibration))
-        if "cle_mixed" in variants:
-            def with_cle_mixed() -> ei.Model:
-                model, equalized_calibration = equalized_and_calibrated()
-                found = quantize_to_sqnr(model, equalized_calibration, MIXED_TARGET_DB[task.name],
-                                         feeds=samples[:SEARCH_SAMPLES], method=DEFAULT_METHOD)
-                return guarded(found.model, equalized_calibration)
+        def searched(model: ei.Model, model_calibration, rounding: str = "gptq", **options: Any) -> ei.Model:
+            """What ``ei.quantize(min_sqnr=MIXED_TARGET_DB)`` does: GPTQ-rounded weights (its default;
+            ``rounding="nearest"``: nearest steps), then the mixed-precision search."""
+            rounded = with_gptq_weights(model_calibration, samples[:GPTQ_SAMPLES]) if rounding == "gptq" \
+                else model_calibration
+            found = quantize_to_sqnr(model, rounded, MIXED_TARGET_DB[task.name], feeds=samples[:SEARCH_SAMPLES],
+                                     method=DEFAULT_METHOD, **options)
+            return guarded(found.model, model_calibration)
 
-            measure("cle_mixed", with_cle_mixed)
-        if "gptq" in variants or "gptq_mixed" in variants:
-            rounded = with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])
-            if "gptq" in variants:
-                measure("gptq", lambda: guarded(quantize_static(fp32, rounded), calibration))
-            if "gptq_mixed" in variants:
-                target = MIXED_TARGET_DB[task.name]
-                measure("gptq_mixed", lambda: guarded(quantize_to_sqnr(fp32, rounded, target,
-                                                                       feeds=samples[:SEARCH_SAMPLES],
-                                                                       method=DEFAULT_METHOD).model, calibration))
+        if "mixed" in variants:
+            measure("mixed", lambda: searched(fp32, calibration))
+        if "mixed_nearest" in variants:
+            measure("mixed_nearest", lambda: searched(fp32, calibration, "nearest"))
+        if "mixed_f32" in variants:  # the float layers' weights kept float32 (before: the default)
+            measure("mixed_f32", lambda: searched(fp32, calibration, float_weights="float32"))
+        if "mixed_pruned" in variants:  # min_sqnr's stage 3 (prune=True), not on by default
+            measure("mixed_pruned", lambda: searched(fp32, calibration, prune=True))
+        if "cle_mixed" in variants:
+            measure("cle_mixed", lambda: searched(*equalized_and_calibrated()))
+        if "gptq" in variants:
+            measure("gptq", lambda: guarded(quantize_static(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])),
+                                            calibration))
         if "ort" in variants:
             measure("ort", lambda: ort_quantize_static(fp32, samples, folder))
             rows["variants"]["ort"]["guard_warned"] = None
@@ -272,8 +266,8 @@ def latency(task: RealTask, rounds: int, per_photo: int = 2) -> dict[str, float]
     samples = task.calibration(per_photo)
     calibration = calibrate(fp32, samples)
     int8 = quantize_static(fp32, calibration)
-    mixed = quantize_to_sqnr(fp32, calibration, MIXED_TARGET_DB[task.name], feeds=samples[:SEARCH_SAMPLES],
-                             method=DEFAULT_METHOD).model
+    mixed = quantize_to_sqnr(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES]), MIXED_TARGET_DB[task.name],
+                             feeds=samples[:SEARCH_SAMPLES], method=DEFAULT_METHOD).model
     feeds = task.held_out(1)[0]
     sessions = {name: ei.Session(model, backend="onnxruntime")
                 for name, model in (("fp32", fp32), ("int8", int8), ("mixed", mixed))}
@@ -323,7 +317,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast", "bc_zero", "gptq", "gptq_mixed", "ort"])
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_nearest", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast",
+                                 "bc_zero", "gptq", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32, INT8 and mixed on onnxruntime instead (0: measure accuracy)")

@@ -101,7 +101,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     output moves least. The same bytes; the quantized and the int8-stored float layers alike (a
     layer kept with float32 weights gets the float model's). Default (None): ``"gptq"`` with
     ``min_sqnr`` and per-channel weights, ``"nearest"`` otherwise. Measured on the five corpus
-    vision models (``benchmarks/bench_int8_real.py --variants mixed gptq_mixed gptq``): with
+    vision models (``benchmarks/bench_int8_real.py --variants mixed mixed_nearest gptq``): with
     ``min_sqnr`` it met every task target on all four backends at 0.255-0.294x fp32, where nearest
     rounding needed float32 weights for the OCR models (0.40x, 0.58x) and left the face detector
     at 0.984; for plain INT8 it moved the five models' worst-backend metrics by -0.014 (PP-OCRv4

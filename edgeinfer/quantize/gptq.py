@@ -8,7 +8,7 @@ output channel, ``max |W| / 127`` (the row's largest weight keeps its extreme co
 result is exactly ``q * scale`` with int8 ``q``. The QDQ quantizer and the int8 weight storage
 (``edgeinfer.ir.weights.int8_factors``) recover those codes as they are.
 
-Measured by ``benchmarks/bench_int8_real.py --variants gptq gptq_mixed``. The Hessians come from
+Measured by ``benchmarks/bench_int8_real.py --variants gptq mixed mixed_nearest``. The Hessians come from
 the float model's own activations (not a sequentially quantized one's); columns are taken in
 order (GPTQ's ``--act-order`` off).
 
