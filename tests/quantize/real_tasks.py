@@ -26,6 +26,12 @@ construction:
   mesh indices 33 and 263), averaged over crops; the face-presence probability (sigmoid of the
   second output) is reported beside it as the mean absolute difference from fp32's
   (``presence_difference``).
+- ``mtcnn_pnet``, ``mtcnn_rnet``, ``mtcnn_onet`` (facenet-pytorch's trained MTCNN, converted from
+  its modules): ``F1 x (1 - error)`` (``mtcnn_score``), F1 of the face decisions at MTCNN's
+  thresholds (0.6, 0.7, 0.7) over windows (P-Net: score-map cells), error the mean absolute
+  difference of box offsets (and O-Net's landmarks) in units of the window side over fp32's faces.
+  P-Net sees 96x96 views with faces of 19-24 pixels; R-Net (24x24) and O-Net (48x48) windows
+  around faces and random crops of photos without one.
 
 The face tasks' crops all hold a face: jittered squares around the faces of scikit-image's
 ``astronaut`` and ``camera`` (1.6-3x the face box for the detector, 1.3-1.9x for the mesh, as
@@ -309,6 +315,66 @@ def face_windows(name: str, count: int, rng: np.random.Generator, scales: tuple[
     return windows
 
 
+# -- MTCNN (facenet-pytorch) --------------------------------------------------------------------
+MTCNN_INPUT = {"pnet": 96, "rnet": 24, "onet": 48}  # the proposal net is fully convolutional: one scale
+MTCNN_OUTPUTS = {"pnet": ["boxes", "scores"], "rnet": ["boxes", "scores"], "onet": ["boxes", "landmarks", "scores"]}
+MTCNN_THRESHOLDS = {"pnet": 0.6, "rnet": 0.7, "onet": 0.7}  # facenet-pytorch's MTCNN defaults
+
+
+def mtcnn_model(name: str):
+    """facenet-pytorch's trained MTCNN net ``name`` (its state dict strictly loaded into the
+    corpus' module, ``tests/real/models_torch.py``), converted from the module."""
+    import torch
+
+    import edgeinfer as ei
+    from tests.real.models_torch import mtcnn
+
+    size = MTCNN_INPUT[name]
+    return ei.convert(mtcnn(name), example_inputs=(torch.zeros(1, 3, size, size),), input_names=["image"],
+                      output_names=MTCNN_OUTPUTS[name], optimize=2)
+
+
+def mtcnn_views(name: str, count: int, seed: int, held_out: bool, *, scales: tuple[float, float]) -> list[np.ndarray]:
+    """Windows as MTCNN's stages see them: around faces (``face_crops``) for the face photos, random
+    crops elsewhere (the windows a detector rejects)."""
+    if name in FACE_BOXES or name == "lfw":
+        return face_crops(name, count, seed, scales=scales, held_out=held_out)
+    return crops(name, count, seed, whole=False)
+
+
+def mtcnn_score(name: str) -> Callable[[Sequence[Feeds], Sequence[Feeds]], float]:
+    """``F1 x (1 - error)``: F1 of INT8's face decisions (face probability >= MTCNN's threshold for
+    the stage) against fp32's, over windows (P-Net: score-map cells), times 1 - the mean absolute
+    difference of the regression outputs (box offsets, O-Net's landmarks too; in units of the
+    window side, as MTCNN applies them) over the windows fp32 calls a face."""
+    threshold = MTCNN_THRESHOLDS[name]
+    regressions = [n for n in MTCNN_OUTPUTS[name] if n != "scores"]
+
+    def score(reference: Sequence[Feeds], got: Sequence[Feeds]) -> float:
+        both, either, errors = 0, 0, []
+        for ref, out in zip(reference, got, strict=True):
+            face = ref["scores"][:, 1] >= threshold  # [N] or [N, H, W]
+            found = out["scores"][:, 1] >= threshold
+            both += int(np.sum(face & found))
+            either += int(np.sum(face) + np.sum(found))
+            for output in regressions:
+                difference = np.abs(ref[output].astype(np.float64) - out[output])  # [N, K] or [N, K, H, W]
+                errors.extend(np.moveaxis(difference, 1, -1)[face].mean(axis=-1).tolist())
+        f1 = 1.0 if either == 0 else 2 * both / either
+        return f1 * (1.0 - (float(np.mean(errors)) if errors else 0.0))
+
+    return score
+
+
+def _mtcnn_task(name: str, scales: tuple[float, float]) -> RealTask:
+    size = MTCNN_INPUT[name]
+    photos = ("astronaut", "camera", "lfw", "coffee", "rocket")
+    return RealTask(f"mtcnn_{name}", "facenet-pytorch", f"facenet_pytorch/data/{name}.pt",
+                    lambda image: {"image": _nchw(image, size, size, 127.5, 128.0)}, mtcnn_score(name),
+                    "face F1 x (1 - error)", photos, photos, 0.99,
+                    lambda *a, **k: mtcnn_views(*a, scales=scales, **k), 2, load=lambda: mtcnn_model(name))
+
+
 # -- tasks --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RealTask:
@@ -325,9 +391,16 @@ class RealTask:
     per_photo_factor: int = 1  # views per photo = per_photo x this
     detail: Callable[[Sequence[Feeds], Sequence[Feeds]], float] | None = None  # reported beside the metric
     detail_name: str = ""
+    load: Callable[[], object] | None = None  # the fp32 model, where the member is no file ei.convert reads alone
 
     def path(self) -> Path:
         return model_file(self.package, self.member)
+
+    def fp32(self):
+        """The fp32 ``ei.Model`` (optimize=2)."""
+        import edgeinfer as ei
+
+        return self.load() if self.load is not None else ei.convert(self.path(), optimize=2)
 
     def calibration(self, per_photo: int = 2) -> list[Feeds]:
         """The whole photos and crops of them."""
@@ -375,4 +448,7 @@ TASKS: dict[str, RealTask] = {task.name: task for task in [
              lambda image: {"input_1": _nhwc(image, 192)}, landmark_agreement, "landmark 1 - NME",
              FACE_PHOTOS, FACE_PHOTOS, 0.99, lambda *a, **k: face_crops(*a, scales=(1.3, 1.9), **k), 3,
              presence_difference, "presence |dp|"),
+    _mtcnn_task("pnet", (4.0, 5.0)),  # faces of 19-24 pixels at 96: the pyramid scale P-Net finds them at
+    _mtcnn_task("rnet", (0.9, 1.6)),
+    _mtcnn_task("onet", (0.9, 1.4)),
 ]}

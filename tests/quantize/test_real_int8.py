@@ -27,7 +27,7 @@ from edgeinfer.quantize import guard, quantize
 
 def _fp32(name: str) -> ei.Model:
     try:
-        return ei.convert(TASKS[name].path(), optimize=2)
+        return TASKS[name].fp32()
     except CorpusError as exc:
         pytest.skip(f"corpus model unavailable: {exc}")
 
@@ -185,3 +185,29 @@ def test_face_detector_mixed_precision_meets_the_task_target_on_held_out_crops(t
         got = _outputs(ei.load(tmp_path / "int8.eim"), held_out, backend)
         assert task.metric(reference, got) > plain_metric + 0.005, backend
         assert output_sqnr(reference, got) >= 20.0, backend
+
+
+def test_mtcnn_proposal_net_meets_the_task_target_with_min_sqnr():
+    """facenet-pytorch's trained MTCNN P-Net on windows where faces are 19-24 pixels (the pyramid
+    scale it finds them at): plain INT8 loses about 9% of ``F1 x (1 - error)`` (face cells and box
+    offsets against fp32's). Its face map flips cells near the 0.6 threshold until the outputs are
+    near 40 dB: ``min_sqnr=35`` (GPTQ weights by default) keeps all but one of its layers float, on
+    int8-stored weights, and reaches the issue's target on held-out windows on two backends (26 dB
+    gave 0.985). The metric itself: fp32 against itself scores 1, a face map emptied of every face 0."""
+    task = TASKS["mtcnn_pnet"]
+    fp32 = _fp32(task.name)
+    samples, held_out = task.calibration(2), task.held_out(2)
+    reference = _outputs(fp32, held_out)
+    assert task.metric(reference, reference) == 1.0
+    assert sum(int(np.sum(r["scores"][:, 1] >= 0.6)) for r in reference) >= 50  # faces are found
+    emptied = [{**r, "scores": np.zeros_like(r["scores"])} for r in reference]
+    assert task.metric(reference, emptied) == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
+        plain = quantize(fp32, samples)
+        mixed = quantize(fp32, samples, min_sqnr=35.0)
+    record = json.loads(mixed.metadata["quantization"])
+    assert record["weight_rounding"]["method"] == "gptq" and record["mixed_precision"]["met"]
+    assert task.metric(reference, _outputs(plain, held_out)) < task.target
+    for backend in ("onnxruntime", "numpy"):
+        assert task.metric(reference, _outputs(mixed, held_out, backend)) >= task.target, backend
