@@ -120,9 +120,14 @@ def _eim_bytes(model: ei.Model, folder: Path, name: str) -> int:
     return path.stat().st_size
 
 
-def _float_layers(model: ei.Model) -> int:
+def _float_record(model: ei.Model) -> dict[str, Any]:
+    """The layers kept float, and for a mixed-precision search how many keep float32 weights and
+    what int8 weights alone reached (every layer float), from the model's metadata."""
     summary = json.loads(model.metadata.get("quantization", "{}"))
-    return int(summary.get("mixed_precision", {}).get("float_layers", len(summary.get("excluded", []))))
+    search = summary.get("mixed_precision", {})
+    return {"float_layers": int(search.get("float_layers", len(summary.get("excluded", [])))),
+            "float32_weight_layers": int(search.get("float32_weight_layers", 0)),
+            "int8_weights_ceiling_db": search.get("int8_weights_ceiling_db")}
 
 
 def bench_model(task: RealTask, methods: list[str], backends: list[str], per_photo: int,
@@ -143,7 +148,7 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 int8 = make()
-            row = {"size": round(_eim_bytes(int8, folder, name) / fp32_bytes, 3), "float_layers": _float_layers(int8),
+            row = {"size": round(_eim_bytes(int8, folder, name) / fp32_bytes, 3), **_float_record(int8),
                    "quantize_s": round(time.perf_counter() - started, 1),
                    "guard_warned": any("INT8 quality" in str(w.message) for w in caught)}
             for backend in backends:

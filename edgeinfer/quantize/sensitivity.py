@@ -239,9 +239,10 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     INT8 size, and every step measures the outputs with those rounded weights. Where int8 weights
     alone (every layer float) come within ``WEIGHT_MARGIN_DB`` of the target, each weighted
     layer's int8 weights are measured alone (one step per layer), and the fewest layers whose
-    weights cost the most output noise per byte keep float32 weights (bisection over that order):
-    on the digits CNN the first conv and the classifier (928 of its 56,224 weights) instead of
-    every layer, as the graph-order rule before it chose."""
+    weights cost the most output noise per byte keep float32 weights (bisection over that order).
+    The graph-order rule before it gave every layer of the digits CNN float32 weights, whose
+    loudest weights are its last layer's (``tests/quantize/test_digits.py`` checks the order and
+    that fewer than all layers are chosen)."""
     import json
 
     if not np.isfinite(min_sqnr):

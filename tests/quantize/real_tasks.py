@@ -89,8 +89,9 @@ def _nchw(image: np.ndarray, height: int, width: int, mean, std) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
 
 
-def _nhwc(image: np.ndarray, size: int) -> np.ndarray:
-    return np.ascontiguousarray(((resize(image, size, size).astype(np.float32) - 127.5) / 127.5)[None])
+def _nhwc(image: np.ndarray, size: int | tuple[int, int], mean: float = 127.5, std: float = 127.5) -> np.ndarray:
+    height, width = (size, size) if isinstance(size, int) else size
+    return np.ascontiguousarray(((resize(image, height, width).astype(np.float32) - mean) / std)[None])
 
 
 def float32_weights(model):
@@ -387,8 +388,7 @@ def _photo_feeds(package: str, member: str, size: tuple[int, int], mean: float, 
         return ei.convert(model_file(package, member), optimize=0).graph.input_names[0]
 
     def feeds(image: np.ndarray) -> Feeds:
-        x = (resize(image, *size).astype(np.float32) - mean) / std
-        return {input_name(): np.ascontiguousarray(x[None])}
+        return {input_name(): _nhwc(image, size, mean, std)}
 
     return feeds
 
