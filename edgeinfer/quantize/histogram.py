@@ -85,3 +85,33 @@ def _doubled(counts: np.ndarray) -> np.ndarray:
     """The counts over [-2R, 2R] of a histogram over [-R, R] (same number of bins)."""
     quarter = counts.size // 4
     return np.concatenate([np.zeros(quarter), counts.reshape(-1, 2).sum(axis=1), np.zeros(quarter)])
+
+
+class ChannelMean:
+    """The mean of a tensor per channel (``axis``) over every batch and position it saw: what
+    the bias correction of rounded weights needs (``bias_correction.rounding_corrected``)."""
+
+    __slots__ = ("axis", "total", "count")
+
+    def __init__(self, axis: int):
+        self.axis = axis
+        self.total: np.ndarray | None = None
+        self.count = 0
+
+    def update(self, values: np.ndarray) -> None:
+        data = np.asarray(values)
+        if data.ndim == 0 or data.size == 0:
+            return
+        axis = self.axis % data.ndim
+        sums = data.sum(axis=tuple(i for i in range(data.ndim) if i != axis), dtype=np.float64)
+        if self.total is not None and self.total.shape != sums.shape:
+            self.total, self.count = None, -1  # the channel count changed between batches: no mean
+        if self.count < 0:
+            return
+        self.total = sums if self.total is None else self.total + sums
+        self.count += data.size // data.shape[axis]
+
+    @property
+    def mean(self) -> np.ndarray | None:
+        """Per channel (float64), or None when nothing (or inconsistent data) arrived."""
+        return None if self.total is None or self.count <= 0 else self.total / self.count

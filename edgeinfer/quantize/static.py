@@ -31,10 +31,11 @@ from edgeinfer.ir import EDGEINFER_DOMAIN, Graph
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 from edgeinfer.passes.rules import rebuild
+from edgeinfer.quantize.bias_correction import ROUNDING_CORRECTED, rounding_corrected
 from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source, sample_count
 from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT, MIN_FOR_HOLD_OUT
-from edgeinfer.quantize.histogram import DEFAULT_BINS, TensorHistogram
+from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
 from edgeinfer.quantize.qdq import (
     StaticOptions,
@@ -113,6 +114,9 @@ class Calibration:
     # ``gptq.with_gptq_weights``); ``graph`` stays the float reference every measurement compares with
     rounded_graph: Graph | None = None
     weight_rounding: dict = field(default_factory=dict)  # how rounded_graph's weights were rounded
+    # the float input's mean per channel of each Conv/Gemm with a constant weight, by tensor name:
+    # what the bias correction of the int8-rounded weights of layers kept float needs
+    input_means: dict[str, np.ndarray] = field(default_factory=dict)
 
     def ranges(self, method: str, activation: str = "uint8", **options: float) -> dict[str, tuple[float, float]]:
         qtype = activation_type(activation)
@@ -136,8 +140,26 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
     known = sample_count(data, random_samples)
     total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
     counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT), keep_first=hold_out)
-    histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total)
-    return Calibration(graph, histograms, counted.count, counted.held_out, counted.first)
+    means = {name: ChannelMean(axis) for name, axis in _bias_layer_inputs(graph).items()}
+    histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total,
+                                    means=means)
+    input_means = {name: mean.mean for name, mean in means.items() if mean.mean is not None}
+    return Calibration(graph, histograms, counted.count, counted.held_out, counted.first, input_means=input_means)
+
+
+def _bias_layer_inputs(graph: Graph) -> dict[str, int]:
+    """The float inputs of the Conv and Gemm (no transA) nodes with a constant weight and bias,
+    with their channel axis (1 for Conv, -1 for Gemm)."""
+    inputs: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op_type not in ROUNDING_CORRECTED or len(node.inputs) < 3 or _weight_axis(node, graph) is None:
+            continue
+        if node.op_type == "Gemm" and int(node.attrs.get("transA", 0)):
+            continue
+        bias, source = graph.values.get(node.inputs[2]), graph.values.get(node.inputs[0])
+        if bias is not None and bias.const is not None and source is not None and source.const is None:
+            inputs[node.inputs[0]] = 1 if node.op_type == "Conv" else -1
+    return inputs
 
 
 def quantize_static(model: Model | Graph, calibration: Calibration, *, method: str = DEFAULT_METHOD,
@@ -160,7 +182,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     unless ``quantize_outputs``. ``float_weights="int8"``: the Conv/ConvTranspose/Gemm/MatMul
     layers of ``exclude`` keep float activations but their weights are rounded to int8 (one
     symmetric scale per output channel) and stored so (``edgeinfer.ir.weights.int8_rounded``):
-    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights."""
+    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights. The
+    float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
+    input channel means calibration recorded (``bias_correction.rounding_corrected``; a
+    calibration without them, ``input_means={}``, corrects nothing)."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     if float_weights not in FLOAT_WEIGHTS:
@@ -177,8 +202,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     whole = _layer_names(frozenset(float32_weights), graph, _graph_of(model)) if float_weights == "int8" else None
     if calibration.rounded_graph is not None:  # float32 weights are the float model's, not the rounded ones
         graph = with_weights_of(graph, calibration.graph, options.exclude if whole is None else options.exclude & whole)
+    rounding_corrections: list[str] = []
     if whole is not None:
         graph, rounded = int8_float_weights(graph, options.exclude - whole)
+        graph, rounding_corrections = rounding_corrected(graph, calibration.graph, rounded, calibration.input_means)
     corrected: list | None = None
     if bias_correction:
         from edgeinfer.quantize.bias_correction import correct_biases
@@ -200,7 +227,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if calibration.rounded_graph is not None:
         summary["weight_rounding"] = dict(calibration.weight_rounding)
     if rounded:
-        summary["float_layer_weights"] = {"format": "int8", "weights": len(rounded)}
+        summary["float_layer_weights"] = {"format": "int8", "weights": len(rounded),
+                                          "biases_corrected": len(rounding_corrections)}
     if corrected is not None:
         summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
                                       "waves": 1 + max((c.wave for c in corrected), default=-1),

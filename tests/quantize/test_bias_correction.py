@@ -1,9 +1,11 @@
 """Empirical bias correction (edgeinfer/quantize/bias_correction.py): on a model whose weights
 round in one direction, the INT8 output's per-channel mean error against fp32 shrinks and its
 SQNR rises on held-out inputs; layers kept float are untouched; the same bytes; numpy and
-onnxruntime agree; the metadata says so."""
+onnxruntime agree; the metadata says so. Layers kept float on int8-rounded weights lose the
+mean shift of that rounding, from the input channel means calibration records."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -15,8 +17,9 @@ from edgeinfer.errors import InputError
 from edgeinfer.model import Model
 from edgeinfer.quantize import quantize
 from edgeinfer.quantize.bias_correction import correct_biases
+from edgeinfer.quantize.calibrate import run_batches
 from edgeinfer.quantize.qdq import StaticOptions, plan_quantization
-from edgeinfer.quantize.static import calibrate, quantize_static
+from edgeinfer.quantize.static import calibrate, quantizable_layers, quantize_static
 from tests.quantize.helpers import sqnr
 
 SIZE = 10
@@ -88,6 +91,45 @@ def test_bias_correction_shrinks_the_mean_error_and_raises_sqnr_on_held_out_inpu
     error_before, error_after = _channel_mean_error(reference, before), _channel_mean_error(reference, after)
     assert error_after.max() < 0.5 * error_before.max()
     assert sqnr(reference, after) > sqnr(reference, before) + 1.0
+
+
+@pytest.mark.parametrize("gemm", [False, True])
+def test_layers_kept_float_lose_the_mean_shift_of_their_int8_rounded_weights(gemm):
+    model = _model(gemm=gemm)
+    calibration_feeds, held_out = _feeds(16, seed=5), _feeds(8, seed=6)
+    calibration = calibrate(model, calibration_feeds)
+    layers = quantizable_layers(calibration)
+    corrected = quantize_static(model, calibration, exclude=layers, float_weights="int8")
+    plain = quantize_static(model, replace(calibration, input_means={}), exclude=layers, float_weights="int8")
+    # calibration recorded each layer input's channel means over every sample and position
+    reads = {"conv_a": ("x", "w_a", "b_a"), "conv_b": ("r", "w_b", "b_b")}
+    if gemm:
+        reads["gemm"] = ("f", "w_c", "b_c")
+    runs = list(run_batches(calibration.graph, [x for x, _, _ in reads.values()], calibration_feeds, backend="numpy"))
+    means = {}
+    for x, _, _ in reads.values():
+        data = np.concatenate([np.asarray(r[x], np.float64) for r in runs])
+        means[x] = data.mean(axis=0) if data.ndim == 2 else data.mean(axis=(0, 2, 3))
+        np.testing.assert_allclose(calibration.input_means[x], means[x], rtol=1e-5, atol=1e-6)  # another backend
+    # each bias is b - (W_r - W) E[x]; without recorded means it stays b
+    for layer, (x, weight, bias) in reads.items():
+        node = next(n for n in corrected.graph.nodes if n.name == layer)
+        rounded = corrected.graph.initializers[node.inputs[1]].astype(np.float64)
+        error = rounded - model.graph.initializers[weight].astype(np.float64)
+        assert np.abs(error).max() > 0  # the weights were rounded
+        shift = error @ means[x] if layer == "gemm" else error.sum(axis=(2, 3)) @ means[x]
+        np.testing.assert_allclose(corrected.graph.initializers[node.inputs[2]],
+                                   model.graph.initializers[bias] - shift, rtol=1e-5, atol=1e-7)
+        plain_node = next(n for n in plain.graph.nodes if n.name == layer)
+        assert np.array_equal(plain.graph.initializers[plain_node.inputs[2]], model.graph.initializers[bias])
+    summary = json.loads(corrected.metadata["quantization"])["float_layer_weights"]
+    assert summary == {"format": "int8", "weights": len(reads), "biases_corrected": len(reads)}
+    # numerics on held-out inputs: the mean error per channel shrinks, SQNR rises; the backends agree
+    reference = _outputs(model, held_out)
+    before, after = _outputs(plain, held_out), _outputs(corrected, held_out)
+    assert _channel_mean_error(reference, after).max() < 0.5 * _channel_mean_error(reference, before).max()
+    assert sqnr(reference, after) > sqnr(reference, before) + 3.0
+    np.testing.assert_allclose(_outputs(corrected, held_out, "onnxruntime"), after, rtol=1e-4, atol=1e-5)
 
 
 def test_only_the_int32_biases_change_and_a_float_layer_keeps_its_bias():

@@ -191,9 +191,10 @@ def test_mtcnn_proposal_net_meets_the_task_target_with_min_sqnr():
     """facenet-pytorch's trained MTCNN P-Net on windows where faces are 19-24 pixels (the pyramid
     scale it finds them at): plain INT8 loses about 9% of ``F1 x (1 - error)`` (face cells and box
     offsets against fp32's). Its face map flips cells near the 0.6 threshold until the outputs are
-    near 40 dB: ``min_sqnr=35`` (GPTQ weights by default) keeps all but one of its layers float, on
-    int8-stored weights, and reaches the issue's target on held-out windows on two backends (26 dB
-    gave 0.985). The metric itself: fp32 against itself scores 1, a face map emptied of every face 0."""
+    near 40 dB: ``min_sqnr=38`` (GPTQ weights by default) keeps all but one of its layers float, on
+    int8-stored weights (three of them float32), and reaches the issue's target on held-out windows
+    on two backends (26 dB gave 0.985; 35 dB 0.989-0.992 at 39.9-40.0 dB held out, the flips of a
+    few cells). The metric itself: fp32 against itself scores 1, a face map emptied of every face 0."""
     task = TASKS["mtcnn_pnet"]
     fp32 = _fp32(task.name)
     samples, held_out = task.calibration(2), task.held_out(2)
@@ -205,7 +206,7 @@ def test_mtcnn_proposal_net_meets_the_task_target_with_min_sqnr():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
         plain = quantize(fp32, samples)
-        mixed = quantize(fp32, samples, min_sqnr=35.0)
+        mixed = quantize(fp32, samples, min_sqnr=38.0)
     record = json.loads(mixed.metadata["quantization"])
     assert record["weight_rounding"]["method"] == "gptq" and record["mixed_precision"]["met"]
     assert task.metric(reference, _outputs(plain, held_out)) < task.target
