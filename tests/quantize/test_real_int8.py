@@ -114,10 +114,9 @@ def test_face_detector_decoding_finds_the_face_it_was_cropped_around():
             assert np.all((points >= boxes[0, :2] - 0.02) & (points <= boxes[0, 2:] + 0.02)), name
 
 
-@pytest.mark.parametrize("name", ["face_detection_short_range", "face_landmark"])
-def test_face_task_metrics_tell_int8_from_broken_int8(name):
-    """fp32 scores exactly 1 against itself; plain INT8 close to it; a quantization with 16x too
-    coarse activation scales (4 bits of 8 lost) scores far lower, on the task metric as on SQNR."""
+def _plain_int8(name: str) -> tuple[ei.Model, list[dict], list[dict]]:
+    """Plain INT8 of task ``name`` (one view per photo), its held-out feeds and fp32's outputs on
+    them, which score exactly 1 against themselves."""
     task = TASKS[name]
     fp32 = _fp32(name)
     with warnings.catch_warnings():
@@ -126,6 +125,15 @@ def test_face_task_metrics_tell_int8_from_broken_int8(name):
     held_out = task.held_out(1)
     reference = _outputs(fp32, held_out)
     assert task.metric(reference, reference) == 1.0
+    return int8, held_out, reference
+
+
+@pytest.mark.parametrize("name", ["face_detection_short_range", "face_landmark"])
+def test_face_task_metrics_tell_int8_from_broken_int8(name):
+    """fp32 scores exactly 1 against itself; plain INT8 close to it; a quantization with 16x too
+    coarse activation scales (4 bits of 8 lost) scores far lower, on the task metric as on SQNR."""
+    task = TASKS[name]
+    int8, held_out, reference = _plain_int8(name)
     good, broken = _outputs(int8, held_out), _outputs(_coarse(int8, 16.0), held_out)
     loss = 1 - task.metric(reference, good)
     assert 0 < loss < 0.05  # measured 0.021 (detector), 0.012 (landmarks); 16x coarser: 0.95, 0.21
@@ -273,13 +281,7 @@ def test_ocr_task_metrics_tell_int8_from_broken_int8(name):
     from real_tasks import ctc_greedy, yolox_detections
 
     task = TASKS[name]
-    fp32 = _fp32(name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        int8 = quantize(fp32, task.calibration(1))
-    held_out = task.held_out(1)
-    reference = _outputs(fp32, held_out)
-    assert task.metric(reference, reference) == 1.0
+    int8, held_out, reference = _plain_int8(name)
     output = next(iter(reference[0]))
     if name == "ppocr_cls":
         upside_down = np.array([r[output][0, 1] for r in reference])
