@@ -239,7 +239,9 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     INT8 size, and every step measures the outputs with those rounded weights. Where int8 weights
     alone (every layer float) come within ``WEIGHT_MARGIN_DB`` of the target, each weighted
     layer's int8 weights are measured alone (one step per layer), and the fewest layers whose
-    weights cost the most output noise per byte keep float32 weights (bisection over that order).
+    weights cost the most output noise per byte keep float32 weights (bisection over that order),
+    stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB`` (every step measures
+    with those values).
     The graph-order rule before it gave every layer of the digits CNN float32 weights, whose
     loudest weights are its last layer's (``tests/quantize/test_digits.py`` checks the order and
     that fewer than all layers are chosen)."""
@@ -249,7 +251,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
         raise InputError(f"min_sqnr {min_sqnr}: expected a finite number of dB")
     backend = backend or default_backend()
     options = dict(method=method, activations=activations, per_channel=per_channel, reduce_range=reduce_range,
-                   float_weights=float_weights)
+                   float_weights=float_weights, float32_weights_as="float16")
 
     def attempt(kept: Sequence[str]) -> tuple[Model, float]:
         from edgeinfer.quantize.guard import output_quality
@@ -296,7 +298,8 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
                             "reason": f"float32 weights: with int8 weights every layer float reaches "
                                       f"{_rounded_db(ceiling)} dB, less than {WEIGHT_MARGIN_DB:g} dB over the "
                                       "target; these layers, whose int8 weights alone cost the most output "
-                                      "noise per weight byte, keep float32 weights when kept float"})
+                                      "noise per weight byte, keep float weights when kept float (stored as "
+                                      "float16 where float16 holds them)"})
     for _ in range(noise_rounds):
         if score >= min_sqnr:
             break

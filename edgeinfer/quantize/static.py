@@ -168,7 +168,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                     quantize_outputs: bool = False, bias_correction: bool = False,
                     bias_correction_feeds: Sequence[Feeds] | None = None, backend: str | None = None,
                     correct_zero_biases: bool = False, sequential_correction: bool = True,
-                    float_weights: str = "float32", float32_weights: Iterable[str] = ()) -> Model:
+                    float_weights: str = "float32", float32_weights: Iterable[str] = (),
+                    float32_weights_as: str = "float32") -> Model:
     """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
     ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``).
 
@@ -182,7 +183,9 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     unless ``quantize_outputs``. ``float_weights="int8"``: the Conv/ConvTranspose/Gemm/MatMul
     layers of ``exclude`` keep float activations but their weights are rounded to int8 (one
     symmetric scale per output channel) and stored so (``edgeinfer.ir.weights.int8_rounded``):
-    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights. The
+    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights, stored
+    as float16 with ``float32_weights_as="float16"`` where float16 holds a weight to
+    ``FLOAT16_MIN_DB`` (``float16_float_weights``: half the bytes, the same float32 compute). The
     float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
     input channel means calibration recorded (``bias_correction.rounding_corrected``; a
     calibration without them, ``input_means={}``, corrects nothing)."""
@@ -190,6 +193,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     if float_weights not in FLOAT_WEIGHTS:
         raise InputError(f"float_weights {float_weights!r}: expected one of {FLOAT_WEIGHTS}")
+    if float32_weights_as not in ("float32", "float16"):
+        raise InputError(f"float32_weights_as {float32_weights_as!r}: expected 'float32' or 'float16'")
     source = model if isinstance(model, Model) else Model(model)
     graph = calibration.graph if calibration.rounded_graph is None else calibration.rounded_graph
     if set(_graph_of(model).input_names) != set(graph.input_names):
@@ -203,8 +208,11 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if calibration.rounded_graph is not None:  # float32 weights are the float model's, not the rounded ones
         graph = with_weights_of(graph, calibration.graph, options.exclude if whole is None else options.exclude & whole)
     rounding_corrections: list[str] = []
+    narrowed: list[str] = []
     if whole is not None:
         graph, rounded = int8_float_weights(graph, options.exclude - whole)
+        if float32_weights_as == "float16":
+            graph, narrowed = float16_float_weights(graph, options.exclude & whole)
         graph, rounding_corrections = rounding_corrected(graph, calibration.graph, rounded, calibration.input_means)
     corrected: list | None = None
     if bias_correction:
@@ -229,6 +237,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if rounded:
         summary["float_layer_weights"] = {"format": "int8", "weights": len(rounded),
                                           "biases_corrected": len(rounding_corrections)}
+    if narrowed:
+        summary["float16_stored_weights"] = len(narrowed)
     if corrected is not None:
         summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
                                       "waves": 1 + max((c.wave for c in corrected), default=-1),
@@ -261,6 +271,49 @@ def int8_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, lis
     readers disagree on the channel axis."""
     from edgeinfer.ir.weights import int8_rounded, with_int8_stored_weights
 
+    axes = _layer_weights(graph, layers)
+    if not axes:
+        return graph, []
+    inits = graph.initializers
+    inits.update({name: int8_rounded(inits[name], axis) for name, axis in axes.items()})
+    rounded = graph.replace(list(graph.nodes), initializers=inits)
+    rounded.metadata = with_int8_stored_weights(rounded.metadata, axes)
+    return rounded, sorted(axes)
+
+
+FLOAT16_MIN_DB = 60.0  # a weight is stored as float16 when its float16 values keep this SQNR
+
+
+def float16_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:
+    """``graph`` with the constant weights of the Conv/ConvTranspose/Gemm/MatMul nodes among
+    ``layers`` rounded to float16 values and declared float16-stored (``ir.weights``: the file
+    keeps 2 bytes a weight, every engine gets float32); and their names. A weight float16 does
+    not hold (a value over its range, or an SQNR of the round trip under ``FLOAT16_MIN_DB``, as
+    from tiny values that underflow) stays float32; one already stored narrow is unchanged."""
+    from edgeinfer.ir.weights import with_stored_weights
+
+    inits = graph.initializers
+    narrowed = {}
+    for name in _layer_weights(graph, layers):
+        weight = inits[name]
+        with np.errstate(over="ignore"):
+            narrow = weight.astype(np.float16).astype(np.float32)
+        if not np.all(np.isfinite(narrow)):
+            continue
+        signal, noise = float(np.sum(weight.astype(np.float64) ** 2)), float(np.sum((narrow - weight.astype(np.float64)) ** 2))
+        if noise == 0 or 10 * np.log10(max(signal, 1e-30) / noise) >= FLOAT16_MIN_DB:
+            narrowed[name] = narrow
+    if not narrowed:
+        return graph, []
+    inits.update(narrowed)
+    result = graph.replace(list(graph.nodes), initializers=inits)
+    result.metadata = with_stored_weights(result.metadata, sorted(narrowed))
+    return result, sorted(narrowed)
+
+
+def _layer_weights(graph: Graph, layers: frozenset[str]) -> dict[str, int]:
+    """The constant float32 weights (input 1) of the weighted nodes among ``layers`` with their
+    channel axis, where every reader is such a node reading it as its weight on that axis."""
     axes: dict[str, int] = {}
     for node in graph.nodes:
         if layer_name(node) not in layers or node.domain or len(node.inputs) < 2:
@@ -272,13 +325,7 @@ def int8_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, lis
         readers = {_weight_axis(user, graph) if index == 1 else None for user, index in weight.uses}
         if readers == {axis} and weight.const.dtype == np.float32 and np.all(np.isfinite(weight.const)):
             axes[weight.name] = axis
-    if not axes:
-        return graph, []
-    inits = graph.initializers
-    inits.update({name: int8_rounded(inits[name], axis) for name, axis in axes.items()})
-    rounded = graph.replace(list(graph.nodes), initializers=inits)
-    rounded.metadata = with_int8_stored_weights(rounded.metadata, axes)
-    return rounded, sorted(axes)
+    return axes
 
 
 def weighted_layers(graph: Graph) -> list[str]:

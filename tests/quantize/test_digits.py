@@ -196,9 +196,9 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     the rounding (calibration's input means): on this model that lifts int8 weights alone (every
     layer float) over the target by more than WEIGHT_MARGIN_DB. Without it (no means recorded)
     they are as noisy as the whole INT8 model, and the fewest layers whose int8 weights alone
-    cost the most output noise per byte keep float32 weights: the record says which and what
-    each cost, and one layer fewer misses the margin."""
-    from edgeinfer.ir.weights import int8_rounded, int8_stored_weights
+    cost the most output noise per byte keep float weights, stored as float16: the record says
+    which and what each cost, and one layer fewer misses the margin."""
+    from edgeinfer.ir.weights import int8_rounded, int8_stored_weights, stored_weights
     from edgeinfer.quantize.guard import output_quality
     from edgeinfer.quantize.sensitivity import WEIGHT_MARGIN_DB, quantize_to_sqnr
     from edgeinfer.quantize.static import quantizable_layers
@@ -227,7 +227,7 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
 
     def weights_only_sqnr(float32_weights) -> float:
         model = quantize_static(fp32, calibration, exclude=quantizable_layers(calibration), float_weights="int8",
-                                float32_weights=float32_weights)
+                                float32_weights=float32_weights, float32_weights_as="float16")
         return output_quality(fp32.graph, model.graph, feeds)[0].sqnr_db
 
     nodes = {n.name or n.outputs[0]: n for n in calibration.graph.nodes}
@@ -248,6 +248,12 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     original = calibration.graph.initializers
     for name, axis in stored.items():
         assert np.array_equal(small.model.graph.initializers[name], int8_rounded(original[name], axis))
+    # the float32-weight layers' weights are stored as float16: their float16 values, listed so
+    narrow = stored_weights(small.model.graph.metadata)
+    wide = {n.inputs[1] for n in small.model.graph.nodes if (n.name or n.outputs[0]) in set(whole)}
+    assert wide and set(narrow) >= wide
+    for name in wide:
+        assert np.array_equal(small.model.graph.initializers[name], original[name].astype(np.float16).astype(np.float32))
     assert not int8_stored_weights(float32.model.graph.metadata)
     sizes = {}
     for label, model in (("int8", small.model), ("float32", float32.model)):
