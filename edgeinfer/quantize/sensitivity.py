@@ -275,10 +275,15 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
         steps += 1
         if ceiling < min_sqnr + WEIGHT_MARGIN_DB:
             weighted = weighted_layers(calibration.graph)
-            alone = {}  # each layer's int8 weights alone (every other weight float32, every layer float)
+            # each layer's int8 weights alone (every other weight exactly float32, every layer float):
+            # float16 values there would add their own noise floor to every figure and rank the
+            # layers by size instead
+            alone = {}
+            options["float32_weights_as"] = "float32"
             for layer in weighted:
                 options["float32_weights"] = [other for other in weighted if other != layer]
                 alone[layer] = attempt(everything)[1]
+            options["float32_weights_as"] = "float16"
             steps += len(weighted)
             sizes = _constant_bytes(calibration.graph, weighted)
             order = sorted(weighted, key=lambda layer: -_noise_power(alone[layer]) / max(sizes[layer], 1))

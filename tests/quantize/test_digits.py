@@ -225,15 +225,15 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     weighted = [n.name or n.outputs[0] for n in calibration.graph.nodes if n.op_type in ("Conv", "Gemm")]
     assert 0 < len(whole) == record["float32_weight_layers"] < len(weighted) and set(whole) <= set(weighted)
 
-    def weights_only_sqnr(float32_weights) -> float:
+    def weights_only_sqnr(float32_weights, stored_as: str = "float16") -> float:
         model = quantize_static(fp32, calibration, exclude=quantizable_layers(calibration), float_weights="int8",
-                                float32_weights=float32_weights, float32_weights_as="float16")
+                                float32_weights=float32_weights, float32_weights_as=stored_as)
         return output_quality(fp32.graph, model.graph, feeds)[0].sqnr_db
 
     nodes = {n.name or n.outputs[0]: n for n in calibration.graph.nodes}
     noise_per_byte = {}
     for layer in weighted:  # each layer's int8 weights alone, measured again
-        alone = weights_only_sqnr([other for other in weighted if other != layer])
+        alone = weights_only_sqnr([other for other in weighted if other != layer], "float32")  # exact others
         if layer in whole:
             assert chosen["int8_weights_alone_db"][layer] == pytest.approx(alone, abs=0.01)
         weight_bytes = sum(calibration.graph.initializers[name].nbytes for name in nodes[layer].inputs[1:])
