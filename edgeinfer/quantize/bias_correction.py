@@ -249,10 +249,11 @@ def rounding_corrected(graph: Graph, reference: Graph, weights: Sequence[str],
     For a layer that computes in float on int8-rounded weights (mixed precision's layers kept
     float) the weights are the only error, so this is the whole expected shift, not an estimate
     beside activation noise as in ``correct_biases`` (padding aside). It matters where an
-    output is the small difference of large terms: MediaPipe's hand landmarks (lite) compute
-    world landmarks of RMS 0.015 from a Gemm whose bias reaches 0.29 and whose inputs have
-    channel means of RMS 1.7 beside a spread of 0.3; int8 weights there leave that output at
-    3.4 dB on held-out views, 18.6 dB once corrected. A bias read by anything else, one of zeros
+    output is the small difference of large terms, as MediaPipe's hand landmarks (lite) compute
+    their world landmarks from a Gemm whose large bias cancels the sum of inputs with large
+    channel means: int8 weights alone (every layer float, GPTQ) reached 13.6 dB there before the
+    correction, 22.6 dB with it (``benchmarks/bench_int8_real.py --json``:
+    ``int8_weights_ceiling_db``). A bias read by anything else, one of zeros
     (zero biases share one stored tensor; corrected, each would cost its own bytes, as in
     ``correct_biases``), or a layer whose input has no recorded mean, is left as it is."""
     from edgeinfer.quantize.qdq import layer_name
