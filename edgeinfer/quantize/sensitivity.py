@@ -17,7 +17,8 @@ from edgeinfer.errors import InputError
 from edgeinfer.model import Model
 from edgeinfer.quantize.calibrate import default_backend
 from edgeinfer.quantize.report import sqnr_db
-from edgeinfer.quantize.static import Calibration, quantizable_layers, quantize_static, weighted_layers
+from edgeinfer.quantize.static import (Calibration, quantizable_layers, quantize_static, recurrent_layers,
+                                       weighted_layers)
 
 Metric = Callable[[Model], float]
 
@@ -238,7 +239,8 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     ``float_weights`` (``quantize_static``): int8 by default, so that the file stays near the
     INT8 size, and every step measures the outputs with those rounded weights. Where int8 weights
     alone (every layer float) come within ``WEIGHT_MARGIN_DB`` of the target, each weighted
-    layer's int8 weights are measured alone (one step per layer), and the fewest layers whose
+    layer's int8 weights (an LSTM/GRU/RNN's too: never quantized, int8-stored) are measured alone
+    (one step per layer), and the fewest layers whose
     weights cost the most output noise per byte keep float32 weights (bisection over that order),
     stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB`` (every step measures
     with those values).
@@ -274,7 +276,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
         ceiling = attempt(everything)[1]
         steps += 1
         if ceiling < min_sqnr + WEIGHT_MARGIN_DB:
-            weighted = weighted_layers(calibration.graph)
+            weighted = weighted_layers(calibration.graph) + recurrent_layers(calibration.graph)
             # each layer's int8 weights alone (every other weight exactly float32, every layer float):
             # float16 values there would add their own noise floor to every figure and rank the
             # layers by size instead

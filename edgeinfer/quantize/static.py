@@ -183,7 +183,9 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     unless ``quantize_outputs``. ``float_weights="int8"``: the Conv/ConvTranspose/Gemm/MatMul
     layers of ``exclude`` keep float activations but their weights are rounded to int8 (one
     symmetric scale per output channel) and stored so (``edgeinfer.ir.weights.int8_rounded``):
-    float compute on int8 bytes; those also in ``float32_weights`` keep float32 weights, stored
+    float compute on int8 bytes. So are the W and R weights of the LSTM/GRU/RNN layers, which are
+    never quantized (``recurrent_layers``; one scale per gate row). Those also in
+    ``float32_weights`` keep float32 weights, stored
     as float16 with ``float32_weights_as="float16"`` where float16 holds a weight to
     ``FLOAT16_MIN_DB`` (``float16_float_weights``: half the bytes, the same float32 compute). The
     float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
@@ -210,9 +212,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     rounding_corrections: list[str] = []
     narrowed: list[str] = []
     if whole is not None:
-        graph, rounded = int8_float_weights(graph, options.exclude - whole)
+        kept_float = options.exclude | frozenset(recurrent_layers(graph))
+        graph, rounded = int8_float_weights(graph, kept_float - whole)
         if float32_weights_as == "float16":
-            graph, narrowed = float16_float_weights(graph, options.exclude & whole)
+            graph, narrowed = float16_float_weights(graph, kept_float & whole)
         graph, rounding_corrections = rounding_corrected(graph, calibration.graph, rounded, calibration.input_means)
     corrected: list | None = None
     if bias_correction:
@@ -312,25 +315,48 @@ def float16_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, 
 
 
 def _layer_weights(graph: Graph, layers: frozenset[str]) -> dict[str, int]:
-    """The constant float32 weights (input 1) of the weighted nodes among ``layers`` with their
-    channel axis, where every reader is such a node reading it as its weight on that axis."""
+    """The constant float32 weights of the weighted nodes among ``layers`` (input 1 of a
+    Conv/ConvTranspose/Gemm/MatMul, inputs 1 and 2 of an LSTM/GRU/RNN) with their channel axis,
+    where every reader is such a node reading it at that input on that axis."""
     axes: dict[str, int] = {}
     for node in graph.nodes:
-        if layer_name(node) not in layers or node.domain or len(node.inputs) < 2:
+        if layer_name(node) not in layers:
             continue
-        axis = _weight_axis(node, graph)
-        weight = graph.values.get(node.inputs[1])
-        if axis is None or weight is None or weight.const is None:
-            continue
-        readers = {_weight_axis(user, graph) if index == 1 else None for user, index in weight.uses}
-        if readers == {axis} and weight.const.dtype == np.float32 and np.all(np.isfinite(weight.const)):
-            axes[weight.name] = axis
+        for index, axis in _weight_axes(node, graph).items():
+            weight = graph.values[node.inputs[index]]
+            readers = {_weight_axes(user, graph).get(at) for user, at in weight.uses}
+            if readers == {axis} and weight.const.dtype == np.float32 and np.all(np.isfinite(weight.const)):
+                axes[weight.name] = axis
     return axes
+
+
+RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
+
+
+def _weight_axes(node, graph: Graph) -> dict[int, int]:
+    """``{input index: channel axis}`` of a node's constant float weights that can be stored as
+    int8: a weighted layer's weight (``_weight_axis``), or a recurrent layer's input and
+    recurrence weights W and R ([directions, gates x hidden, K]: one scale per gate row, shared
+    by the directions)."""
+    if node.domain:
+        return {}
+    if node.op_type in RECURRENT_OPS:
+        return {index: 1 for index in (1, 2) if len(node.inputs) > index
+                and (value := graph.values.get(node.inputs[index])) is not None
+                and value.const is not None and value.const.ndim == 3}
+    axis = _weight_axis(node, graph)
+    return {} if axis is None else {1: axis}
 
 
 def weighted_layers(graph: Graph) -> list[str]:
     """The layers of ``graph`` with a constant Conv/ConvTranspose/Gemm/MatMul weight, in graph order."""
     return [layer_name(n) for n in graph.nodes if _weight_axis(n, graph) is not None]
+
+
+def recurrent_layers(graph: Graph) -> list[str]:
+    """The LSTM/GRU/RNN layers of ``graph`` with constant weights, in graph order: never
+    quantized (float compute), their weights stored as int8 with ``float_weights="int8"``."""
+    return [layer_name(n) for n in graph.nodes if n.op_type in RECURRENT_OPS and _weight_axes(n, graph)]
 
 
 def _weight_axis(node, graph: Graph) -> int | None:
