@@ -13,7 +13,7 @@ import numpy as np
 
 from edgeinfer.errors import InputError
 from edgeinfer.ir import Graph
-from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram
+from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram, ValueGrid
 
 FLOAT_TYPES = ("float32", "float16", "float64", "bfloat16")
 
@@ -64,19 +64,22 @@ def collect_histograms(graph: Graph, feeds: Iterable[dict[str, np.ndarray]], *,
                        tensors: Sequence[str] | None = None, backend: str | None = None,
                        bins: int = DEFAULT_BINS, progress: bool = False,
                        total: int | None = None,
-                       means: dict[str, ChannelMean] | None = None) -> dict[str, TensorHistogram]:
+                       means: dict[str, ChannelMean] | None = None,
+                       grids: dict[str, ValueGrid] | None = None) -> dict[str, TensorHistogram]:
     """One histogram per tensor (default: every float activation) over all ``feeds``; the
-    ``ChannelMean`` accumulators of ``means`` (tensor -> accumulator) are updated in the same run."""
+    ``ChannelMean`` accumulators of ``means`` and the ``ValueGrid`` ones of ``grids`` (tensor ->
+    accumulator) are updated in the same run."""
     tensors = float_activations(graph) if tensors is None else list(tensors)
     histograms = {name: TensorHistogram(bins) for name in tensors}
-    means = means or {}
-    observed = list(dict.fromkeys([*tensors, *means]))
+    means, grids = means or {}, grids or {}
+    observed = list(dict.fromkeys([*tensors, *means, *grids]))
     batches = 0
     for results in run_batches(graph, observed, feeds, backend=backend, progress=progress, total=total):
         for name in tensors:
             histograms[name].update(results[name])
-        for name, accumulator in means.items():
-            accumulator.update(results[name])
+        for accumulators in (means, grids):
+            for name, accumulator in accumulators.items():
+                accumulator.update(results[name])
         batches += 1
     if batches == 0:
         raise InputError("calibration data is empty: expected at least one sample")

@@ -115,3 +115,51 @@ class ChannelMean:
     def mean(self) -> np.ndarray | None:
         """Per channel (float64), or None when nothing (or inconsistent data) arrived."""
         return None if self.total is None or self.count <= 0 else self.total / self.count
+
+
+GRID_LEVELS = 256  # at most this many distinct values: an 8-bit grid
+GRID_TOLERANCE = 1e-3  # of a step: how far a value may sit off its level (float32 rounding: ~1e-5)
+
+
+class ValueGrid:
+    """Whether every value a tensor took lies on one evenly spaced grid through 0 with at most
+    ``GRID_LEVELS`` distinct values: a graph input made from 8-bit pixels (``x / 255``, or
+    ``x - 128``). Quantized with that step and a zero point on the grid, such an input is
+    exact (``Calibration.ranges``); any other scale rounds every pixel again."""
+
+    __slots__ = ("values", "dead")
+
+    def __init__(self) -> None:
+        self.values: np.ndarray | None = None  # the distinct values seen, sorted (float64)
+        self.dead = False  # more than GRID_LEVELS distinct values, or one not finite
+
+    def update(self, values: np.ndarray) -> None:
+        if self.dead:
+            return
+        data = np.asarray(values)
+        if data.dtype.kind != "f":
+            self.dead = True
+            return
+        distinct = np.unique(data.astype(np.float64))
+        merged = distinct if self.values is None else np.union1d(self.values, distinct)
+        if merged.size > GRID_LEVELS or not np.all(np.isfinite(merged)):
+            self.dead, self.values = True, None
+            return
+        self.values = merged
+
+    @property
+    def grid(self) -> tuple[float, int, int] | None:
+        """``(step, first, last)``: every value seen is ``level * step`` for an integer level
+        from ``first`` to ``last`` (0 is on the grid); None when no such grid holds them."""
+        values = self.values
+        if self.dead or values is None or values.size < 2:
+            return None
+        rough = float(np.diff(values).min())
+        levels = np.rint(values / rough)
+        if np.abs(values / rough - levels).max() > 0.1 or not np.any(levels):
+            return None
+        step = float(np.dot(values, levels) / np.dot(levels, levels))  # least squares through 0
+        if not step > 0 or np.abs(values - levels * step).max() > GRID_TOLERANCE * step:
+            return None
+        return step, int(levels[0]), int(levels[-1])
+

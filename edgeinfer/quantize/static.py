@@ -35,7 +35,7 @@ from edgeinfer.quantize.bias_correction import ROUNDING_CORRECTED, rounding_corr
 from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source, sample_count
 from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT, MIN_FOR_HOLD_OUT
-from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram
+from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram, ValueGrid
 from edgeinfer.quantize.methods import CALIBRATION_METHODS, activation_type, calibration_range
 from edgeinfer.quantize.qdq import (
     StaticOptions,
@@ -117,11 +117,41 @@ class Calibration:
     # the float input's mean per channel of each Conv/Gemm with a constant weight, by tensor name:
     # what the bias correction of the int8-rounded weights of layers kept float needs
     input_means: dict[str, np.ndarray] = field(default_factory=dict)
+    # the graph inputs whose every calibration value lay on one 8-bit grid through 0 (pixels:
+    # ``x / 255``, ``x - 128``), as ``(step, first level, last level)`` (``histogram.ValueGrid``)
+    input_grids: dict[str, tuple[float, int, int]] = field(default_factory=dict)
 
     def ranges(self, method: str, activation: str = "uint8", **options: float) -> dict[str, tuple[float, float]]:
+        """Each tensor's range by ``method``; a graph input on a grid (``input_grids``) gets the
+        range whose quantization step is the grid's and whose zero point is on it, so that it
+        is quantized exactly: ``method``'s range would round every pixel again (ddddocr's
+        recognizer, ``x / 255`` of pixels 9-244: mse chose a step of 1/266.5)."""
         qtype = activation_type(activation)
-        return {name: calibration_range(hist, method, qtype, **options)
-                for name, hist in self.histograms.items() if hist.samples}
+        ranges = {name: calibration_range(hist, method, qtype, **options)
+                  for name, hist in self.histograms.items() if hist.samples}
+        for name, grid in self.input_grids.items():
+            exact = grid_range(grid, qtype)
+            if exact is not None and name in ranges:
+                ranges[name] = exact
+        return ranges
+
+
+def grid_range(grid: tuple[float, int, int], qtype) -> tuple[float, float] | None:
+    """The range whose ``quant_params`` step is the grid's ``step`` with the zero point on the
+    grid, holding every level from ``first`` to ``last`` and 0; None where ``qtype`` cannot
+    (more levels than it has, or too far from 0). uint8: the 256 levels start at 0 for data
+    that never goes below it, end at 0 for data never above it, else are centered on the data."""
+    step, first, last = grid
+    span = qtype.qmax - qtype.qmin
+    if qtype.symmetric:
+        half = span // 2
+        return (-half * step, half * step) if max(-first, last) <= half else None
+    low_min, low_max = max(last - span, -span), min(first, 0)
+    if low_min > low_max:
+        return None
+    low = 0 if first >= 0 else -span if last <= 0 else round((first + last - span) / 2)
+    low = min(max(low, low_min), low_max)
+    return low * step, (low + span) * step
 
 
 def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0,
@@ -141,10 +171,13 @@ def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0
     total = min(limit, known) if limit is not None and known is not None else (limit if known is None else known)
     counted = _Counted(feeds, limit, hold_out and (total is None or total >= MIN_FOR_HOLD_OUT), keep_first=hold_out)
     means = {name: ChannelMean(axis) for name, axis in _bias_layer_inputs(graph).items()}
+    grids = {name: ValueGrid() for name in graph.input_names if graph.values[name].dtype in ("float32", "float16")}
     histograms = collect_histograms(graph, counted, backend=backend, bins=bins, progress=progress, total=total,
-                                    means=means)
+                                    means=means, grids=grids)
     input_means = {name: mean.mean for name, mean in means.items() if mean.mean is not None}
-    return Calibration(graph, histograms, counted.count, counted.held_out, counted.first, input_means=input_means)
+    input_grids = {name: grid.grid for name, grid in grids.items() if grid.grid is not None}
+    return Calibration(graph, histograms, counted.count, counted.held_out, counted.first, input_means=input_means,
+                       input_grids=input_grids)
 
 
 def _bias_layer_inputs(graph: Graph) -> dict[str, int]:
