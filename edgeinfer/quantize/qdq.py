@@ -194,6 +194,21 @@ class QuantPlan:
         if self.is_float(output):
             self.shared[output] = self._current(source)
 
+    def share_concat_inputs(self, node: Node) -> None:
+        """The inputs of a quantized Concat that only it reads, each quantized with its own
+        range, take the Concat's output parameters (its range covers theirs: no clipping). Not
+        an input whose producer folded a Relu/Clip: its own range performs that clamp."""
+        out = self._current(node.outputs[0])
+        if out not in self.activations:
+            return  # a float output (a graph output): the inputs keep their own parameters
+        for name in node.inputs:
+            value = self.graph.values.get(name)
+            if (name in self.activations and name not in self.renamed.values() and value is not None
+                    and len(value.uses) == 1 and name not in self.graph.output_names
+                    and name not in self.graph.input_names):
+                del self.activations[name]
+                self.shared[name] = out
+
     def weight(self, node: Node, index: int, axis: int) -> None:
         name = node.inputs[index]
         self.weights[name] = self._axis(axis)

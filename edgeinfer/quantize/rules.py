@@ -26,6 +26,10 @@ QLinearMatMul, QLinearAdd, QLinearGlobalAveragePool, ...):
 - Concat whose inputs' ranges differ by more than ``CONCAT_RANGE_RATIO`` stays float: one
   scale over boxes in pixels (0-320) and class probabilities (0-1) rounds every probability to
   0. Its inputs keep the parameters their producers gave them (each its own scale).
+- A quantized Concat's inputs that only it reads take its output's parameters
+  (``QuantPlan.share_concat_inputs``): rounded once, to the grid the Concat's output rounds
+  them to anyway, instead of twice, and the Concat is a plain copy of 8-bit data (TFLite's
+  rule for it). YOLOv8n's class scores on onnxruntime, plain INT8: 14.9 -> 18.3 dB.
 
 The op that writes a graph output (directly, or through data movement only: the Transpose
 back to NHWC after a converted TFLite model's last Conv) keeps a float output unless
@@ -116,6 +120,8 @@ def own_range(node: Node, plan: QuantPlan) -> bool:
     for name in inputs:
         plan.activation(name)
     plan.output(node, 0)
+    if node.op_type == "Concat":
+        plan.share_concat_inputs(node)
     return True
 
 
