@@ -242,7 +242,8 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     layer's int8 weights (an LSTM/GRU/RNN's too: never quantized, int8-stored) are measured alone
     (one step per layer), and the fewest layers whose
     weights cost the most output noise per byte keep float32 weights (bisection over that order),
-    stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB`` (every step measures
+    stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB`` (float32 where float16
+    values of every wide weight, every layer float, miss the target and margin; every step measures
     with those values).
     The graph-order rule before it gave every layer of the digits CNN float32 weights, whose
     loudest weights are its last layer's (``tests/quantize/test_digits.py`` checks the order and
@@ -285,8 +286,14 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
             for layer in weighted:
                 options["float32_weights"] = [other for other in weighted if other != layer]
                 alone[layer] = attempt(everything)[1]
+            # float16 values of every wide weight: where even they (every layer float) miss the
+            # target and margin, the network is that sensitive (RapidOCR's orientation classifier:
+            # 35.0 dB on its search samples, a probability moved by 0.026), and wide weights stay float32
+            options["float32_weights"] = weighted
             options["float32_weights_as"] = "float16"
-            steps += len(weighted)
+            wide_as = "float16" if attempt(everything)[1] >= min_sqnr + WEIGHT_MARGIN_DB else "float32"
+            options["float32_weights_as"] = wide_as
+            steps += len(weighted) + 1
             sizes = _constant_bytes(calibration.graph, weighted)
             order = sorted(weighted, key=lambda layer: -_noise_power(alone[layer]) / max(sizes[layer], 1))
             low, high = 0, len(order)  # order[:low] misses the target, order[:high] (all) holds
@@ -300,13 +307,14 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
                     low = middle
             whole = order[:high]
             options["float32_weights"] = whole
-            reasons.append({"layers": whole,
+            stored = ("stored as float16 where float16 holds them" if wide_as == "float16" else
+                      "stored as float32: float16 values of every wide weight miss the target and margin")
+            reasons.append({"layers": whole, "stored_as": wide_as,
                             "int8_weights_alone_db": {layer: _rounded_db(alone[layer]) for layer in whole},
                             "reason": f"float32 weights: with int8 weights every layer float reaches "
                                       f"{_rounded_db(ceiling)} dB, less than {WEIGHT_MARGIN_DB:g} dB over the "
                                       "target; these layers, whose int8 weights alone cost the most output "
-                                      "noise per weight byte, keep float weights when kept float (stored as "
-                                      "float16 where float16 holds them)"})
+                                      f"noise per weight byte, keep float weights when kept float ({stored})"})
     for _ in range(noise_rounds):
         if score >= min_sqnr:
             break

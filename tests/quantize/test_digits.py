@@ -222,6 +222,7 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     assert record["float_weights"] == "int8" and record["int8_weights_ceiling_db"] == pytest.approx(ceiling, abs=0.01)
     chosen = next(r for r in record["reasons"] if r["reason"].startswith("float32 weights"))
     whole = chosen["layers"]
+    assert chosen["stored_as"] == "float16"
     weighted = [n.name or n.outputs[0] for n in calibration.graph.nodes if n.op_type in ("Conv", "Gemm")]
     assert 0 < len(whole) == record["float32_weight_layers"] < len(weighted) and set(whole) <= set(weighted)
 
@@ -263,6 +264,35 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     loaded = ei.load(tmp_path / "int8.eim")
     assert loaded.graph.content_hash() == small.model.graph.content_hash()
     assert _accuracy(loaded, digits, "numpy") == pytest.approx(_accuracy(fp32, digits, "numpy"), abs=0.5)
+
+
+def test_wide_weights_stay_float32_where_float16_values_miss_the_target(fp32, calibration, digits):
+    """Where float16 values of every weight (every layer float) fall short of the target and
+    margin, the network is that sensitive: the layers the search keeps wide keep float32 values,
+    and the target holds with them."""
+    from edgeinfer.ir.weights import stored_weights
+    from edgeinfer.quantize.guard import output_quality
+    from edgeinfer.quantize.sensitivity import WEIGHT_MARGIN_DB, quantize_to_sqnr
+    from edgeinfer.quantize.static import quantizable_layers, weighted_layers
+
+    feeds = [{"image": batch} for batch in _batches(digits.train_x)[:4]]
+    calibration = replace(calibration, input_means={})
+    everything = quantizable_layers(calibration)
+    halves = quantize_static(fp32, calibration, exclude=everything, float_weights="int8",
+                             float32_weights=weighted_layers(calibration.graph), float32_weights_as="float16")
+    float16_db = output_quality(fp32.graph, halves.graph, feeds)[0].sqnr_db
+    target = float16_db - WEIGHT_MARGIN_DB + 1.0  # float16 values everywhere: 1 dB short of target and margin
+    result = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse")
+    assert result.within_budget and output_quality(fp32.graph, result.model.graph, feeds)[0].sqnr_db >= target
+    record = json.loads(result.model.metadata["quantization"])["mixed_precision"]
+    chosen = next(r for r in record["reasons"] if r["reason"].startswith("float32 weights"))
+    assert chosen["stored_as"] == "float32" and chosen["layers"]
+    original = calibration.graph.initializers
+    nodes = {n.name or n.outputs[0]: n for n in result.model.graph.nodes}
+    for layer in chosen["layers"]:
+        name = nodes[layer].inputs[1]
+        assert np.array_equal(result.model.graph.initializers[name], original[name])
+        assert name not in stored_weights(result.model.graph.metadata)
 
 
 def test_min_sqnr_quantizes_again_the_float_layers_it_does_not_need(fp32, calibration, digits):
