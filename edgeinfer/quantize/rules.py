@@ -28,8 +28,10 @@ QLinearMatMul, QLinearAdd, QLinearGlobalAveragePool, ...):
   0. Its inputs keep the parameters their producers gave them (each its own scale).
 - A quantized Concat's inputs that only it reads take its output's parameters
   (``QuantPlan.share_concat_inputs``): rounded once, to the grid the Concat's output rounds
-  them to anyway, instead of twice, and the Concat is a plain copy of 8-bit data (TFLite's
-  rule for it). YOLOv8n's class scores on onnxruntime, plain INT8: 14.9 -> 18.3 dB.
+  them to anyway, instead of twice, never clipped to their own narrower range, and the Concat
+  is a plain copy of 8-bit data (TFLite's rule for it). On YOLOv8n (its per-scale Concats of
+  box and class logits) the class scores' SQNR moved by +0.1 dB (minmax) and -0.25 dB (mse)
+  on 12 held-out views: the Concat's output grid decides there.
 
 The op that writes a graph output (directly, or through data movement only: the Transpose
 back to NHWC after a converted TFLite model's last Conv) keeps a float output unless
