@@ -17,8 +17,13 @@ from edgeinfer.errors import InputError
 from edgeinfer.model import Model
 from edgeinfer.quantize.calibrate import default_backend
 from edgeinfer.quantize.report import sqnr_db
-from edgeinfer.quantize.static import (Calibration, quantizable_layers, quantize_static, recurrent_layers,
-                                       weighted_layers)
+from edgeinfer.quantize.static import (
+    Calibration,
+    quantizable_layers,
+    quantize_static,
+    recurrent_layers,
+    weighted_layers,
+)
 
 Metric = Callable[[Model], float]
 
