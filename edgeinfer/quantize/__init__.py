@@ -103,8 +103,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     ``min_sqnr`` and per-channel weights, ``"nearest"`` otherwise. Measured on the five corpus
     vision models (``benchmarks/bench_int8_real.py --variants mixed mixed_nearest gptq``): with
     ``min_sqnr`` it met the task targets of the OCR pair and both face models on all four
-    backends at 0.262-0.299x fp32 (YOLOv8n 0.909-1.0, one detection of about eleven, where
-    rounding the input alone gives 0.889; the README's table), where nearest rounding needed wide
+    backends at 0.262-0.299x fp32 (YOLOv8n too since it is scored by mAP50 on 24 views: 0.998-0.999
+    at 36 dB; the README's table), where nearest rounding needed wide
     weights for the OCR models and left the face detector at 0.988; for plain INT8 it moved the five models' worst-backend metrics by -0.014 (PP-OCRv4
     det) to +0.008 (the face detector), so nearest stays the default there.
 
