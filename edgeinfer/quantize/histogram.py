@@ -118,6 +118,8 @@ class ChannelMean:
 
 
 GRID_LEVELS = 256  # at most this many distinct values: an 8-bit grid
+MIN_GRID_VALUES = 32  # at least this many: a few values (a scalar input over 8 samples) sit on
+# some coarse grid by chance, and real inputs between them would be rounded to it
 GRID_TOLERANCE = 1e-3  # of a step: how far a value may sit off its level (float32 rounding: ~1e-5)
 
 
@@ -140,7 +142,11 @@ class ValueGrid:
         if data.dtype.kind != "f":
             self.dead = True
             return
-        distinct = np.unique(data.astype(np.float64))
+        flat = data.reshape(-1)
+        if flat.size > 4 * GRID_LEVELS and np.unique(flat[:4 * GRID_LEVELS]).size > GRID_LEVELS:
+            self.dead, self.values = True, None  # a continuous input: no need to sort all of it
+            return
+        distinct = np.unique(flat.astype(np.float64))
         merged = distinct if self.values is None else np.union1d(self.values, distinct)
         if merged.size > GRID_LEVELS or not np.all(np.isfinite(merged)):
             self.dead, self.values = True, None
@@ -150,9 +156,10 @@ class ValueGrid:
     @property
     def grid(self) -> tuple[float, int, int] | None:
         """``(step, first, last)``: every value seen is ``level * step`` for an integer level
-        from ``first`` to ``last`` (0 is on the grid); None when no such grid holds them."""
+        from ``first`` to ``last`` (0 is on the grid); None when no such grid holds them, or
+        fewer than ``MIN_GRID_VALUES`` distinct values were seen."""
         values = self.values
-        if self.dead or values is None or values.size < 2:
+        if self.dead or values is None or values.size < MIN_GRID_VALUES:
             return None
         rough = float(np.diff(values).min())
         levels = np.rint(values / rough)

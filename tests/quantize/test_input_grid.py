@@ -33,7 +33,9 @@ def test_pixel_grids_are_found_and_other_values_are_not():
     assert _grid((pixels - 127.5) / 127.5) is None  # 0 is not on that grid: no zero point holds it
     assert _grid(rng.standard_normal((1, 3, 8, 8)).astype(np.float32)) is None  # over 256 values
     assert _grid(np.full((4,), 0.5, np.float32)) is None  # one value: no step to find
-    assert _grid(np.array([0.0, 0.1, 0.25], np.float32)) is None  # 0.25 is off the 0.1 grid
+    assert _grid(np.array([0.4, 0.8, 1.2], np.float32)) is None  # few values sit on a coarse grid by chance
+    levels = np.arange(40, dtype=np.float32)
+    assert _grid(levels * 0.1) is not None and _grid(np.append(levels * 0.1, 0.23)) is None  # 0.23 is off it
 
 
 def test_grid_ranges_quantize_every_level_exactly():
