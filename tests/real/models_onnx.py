@@ -39,7 +39,8 @@ def text_line(height: int, width: int) -> np.ndarray:
 
 
 def ddddocr_line(width: int) -> np.ndarray:
-    """A gray 64-high crop of printed text, ``(x / 255 - 0.5) / 0.5``, as ddddocr feeds it."""
+    """A gray 64-high crop of printed text, ``(x / 255 - 0.5) / 0.5``, as earlier ddddocr releases fed it
+    (1.6 feeds ``x / 255``; the INT8 task, ``tests/quantize/real_tasks.py``, does as 1.6 does)."""
     gray = photo("text")[10:60, :].astype(np.float32)
     image = resize(gray, 64, width)
     return np.ascontiguousarray(((image / 255.0 - 0.5) / 0.5)[None, None].astype(np.float32))
