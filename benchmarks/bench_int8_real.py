@@ -152,12 +152,14 @@ def _eim_bytes(model: ei.Model, folder: Path, name: str) -> int:
 
 def _float_record(model: ei.Model) -> dict[str, Any]:
     """The layers kept float, and for a mixed-precision search how many keep float32 weights and
-    what int8 weights alone reached (every layer float), from the model's metadata."""
+    what int8 weights alone and float16 values of every weight reached (every layer float), from
+    the model's metadata."""
     summary = json.loads(model.metadata.get("quantization", "{}"))
     search = summary.get("mixed_precision", {})
     return {"float_layers": int(search.get("float_layers", len(summary.get("excluded", [])))),
             "float32_weight_layers": int(search.get("float32_weight_layers", 0)),
-            "int8_weights_ceiling_db": search.get("int8_weights_ceiling_db")}
+            "int8_weights_ceiling_db": search.get("int8_weights_ceiling_db"),
+            "float16_weights_db": search.get("float16_weights_db")}
 
 
 def bench_model(task: RealTask, methods: list[str], backends: list[str], per_photo: int,
@@ -240,7 +242,7 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
         if "gptq" in variants:
             measure("gptq", lambda: guarded(quantize_static(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])),
                                             calibration))
-        if "input_noise" in variants:  # fp32 on held-out inputs rounded as an 8-bit input would be
+        if "input_noise" in variants:  # fp32 on held-out inputs with half an 8-bit step of noise
             measure("input_noise", lambda: float32_weights(fp32), input_noise(held_out))
             rows["variants"]["input_noise"]["guard_warned"] = None
         if "input_rounding" in variants:  # fp32 on held-out inputs rounded as the INT8 model's are

@@ -272,7 +272,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     reasons: list[dict] = []
     quantized, score = attempt(kept)
     first, steps = score, 1
-    ceiling, whole = None, []
+    ceiling, float16_db, whole = None, None, []
     if score < min_sqnr and float_weights == "int8":
         # every layer float with int8 weights: the best any search can reach with them. Within
         # WEIGHT_MARGIN_DB of the target (weight rounding alone would take over half the noise the
@@ -293,10 +293,11 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
                 alone[layer] = attempt(everything)[1]
             # float16 values of every wide weight: where even they (every layer float) miss the
             # target and margin, the network is that sensitive (RapidOCR's orientation classifier:
-            # 35.0 dB on its search samples, a probability moved by 0.026), and wide weights stay float32
+            # 35.0 dB on its search samples), and wide weights stay float32; recorded as float16_weights_db
             options["float32_weights"] = weighted
             options["float32_weights_as"] = "float16"
-            wide_as = "float16" if attempt(everything)[1] >= min_sqnr + WEIGHT_MARGIN_DB else "float32"
+            float16_db = attempt(everything)[1]
+            wide_as = "float16" if float16_db >= min_sqnr + WEIGHT_MARGIN_DB else "float32"
             options["float32_weights_as"] = wide_as
             steps += len(weighted) + 1
             sizes = _constant_bytes(calibration.graph, weighted)
@@ -367,6 +368,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
                                   "int8_sqnr_db": _rounded_db(first), "samples": len(feeds), "steps": steps,
                                   "float_weights": float_weights, "float32_weight_layers": len(whole),
                                   **({} if ceiling is None else {"int8_weights_ceiling_db": _rounded_db(ceiling)}),
+                                  **({} if float16_db is None else {"float16_weights_db": _rounded_db(float16_db)}),
                                   "float_layers": len(kept), "quantized_layers": int(summary.get("layers", 0)),
                                   "kept_float": kept, "reasons": reasons}
     metadata = dict(quantized.metadata)

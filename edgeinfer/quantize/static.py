@@ -327,6 +327,7 @@ def float16_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, 
     not hold (a value over its range, or an SQNR of the round trip under ``FLOAT16_MIN_DB``, as
     from tiny values that underflow) stays float32; one already stored narrow is unchanged."""
     from edgeinfer.ir.weights import with_stored_weights
+    from edgeinfer.quantize.report import sqnr_db
 
     inits = graph.initializers
     narrowed = {}
@@ -336,8 +337,7 @@ def float16_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, 
             narrow = weight.astype(np.float16).astype(np.float32)
         if not np.all(np.isfinite(narrow)):
             continue
-        signal, noise = float(np.sum(weight.astype(np.float64) ** 2)), float(np.sum((narrow - weight.astype(np.float64)) ** 2))
-        if noise == 0 or 10 * np.log10(max(signal, 1e-30) / noise) >= FLOAT16_MIN_DB:
+        if sqnr_db(weight, narrow) >= FLOAT16_MIN_DB:
             narrowed[name] = narrow
     if not narrowed:
         return graph, []

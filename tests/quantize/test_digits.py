@@ -285,6 +285,7 @@ def test_wide_weights_stay_float32_where_float16_values_miss_the_target(fp32, ca
     result = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse")
     assert result.within_budget and output_quality(fp32.graph, result.model.graph, feeds)[0].sqnr_db >= target
     record = json.loads(result.model.metadata["quantization"])["mixed_precision"]
+    assert record["float16_weights_db"] == pytest.approx(float16_db, abs=0.01)  # what the search measured
     chosen = next(r for r in record["reasons"] if r["reason"].startswith("float32 weights"))
     assert chosen["stored_as"] == "float32" and chosen["layers"]
     original = calibration.graph.initializers
