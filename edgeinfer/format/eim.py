@@ -33,6 +33,15 @@ shape), declared int8-stored in the graph's ``weight_storage`` metadata (the flo
 layers mixed precision keeps float), is stored as those two and multiplied on load. A 3.0 reader
 refuses such an entry with a typed error; other files are still written as 3.0.
 
+Version 3.2 (written when it is used) lets a small numeric tensor be stored narrower than its
+dtype where that is exact: ``{"dtype": "int32", "shape", "offset", "nbytes", "stored": "int16"}``
+holds int16 bytes (``nbytes`` counts them, alignment follows them) that the reader widens to
+int32 on load. The writer narrows a tensor of at most ``NARROW_MAX_BYTES`` (quantized biases,
+weight scales on the float16 grid, shape constants; ``NARROWINGS`` lists the pairs) when every
+value survives the round trip bit for bit and it saves ``NARROW_MIN_SAVING`` bytes or more;
+larger tensors stay views into the map. A 3.1 reader refuses such an entry with a typed error
+(its byte count).
+
 Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
 the large ones; it stores the document compressed and byte-identical tensors once. Version
@@ -93,7 +102,12 @@ from edgeinfer.progress import Step, Steps, steps
 MAGIC = b"EIM\x00"
 FORMAT_VERSION = (3, 0)
 INT8_STORAGE_VERSION = (3, 1)  # written instead when a weight is stored as int8 values times a scale
-READABLE_MINOR = {1: 0, 2: 0, 3: 1}  # major version this reader reads -> the newest minor it knows
+NARROW_STORAGE_VERSION = (3, 2)  # written instead when a tensor is stored narrower than its dtype
+READABLE_MINOR = {1: 0, 2: 0, 3: 2}  # major version this reader reads -> the newest minor it knows
+# dtype -> the narrower dtypes it may be stored as (version 3.2), narrowest first
+NARROWINGS = {"float32": ("float16",), "int32": ("int8", "int16"), "int64": ("int8", "int16", "int32")}
+NARROW_MAX_BYTES = 64 << 10  # larger tensors are stored as they are: memory-mapped, never copied
+NARROW_MIN_SAVING = 8  # bytes; below, the entry's "stored" field costs about what narrowing saves
 FORMAT_NAME = "edgeinfer-model"
 ALIGNMENT = 64
 FLAG_COMPRESSED_DOCUMENT = 1  # version 2 and 3: the document is stored zlib-compressed
@@ -147,7 +161,8 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
         metadata = metadata_to_document(model.metadata, "model metadata")
     except ModelFormatError as exc:
         raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
-    version = INT8_STORAGE_VERSION if any(i in table.int8_products for i in products) else FORMAT_VERSION
+    version = (NARROW_STORAGE_VERSION if any("stored" in entry for entry in entries)
+               else INT8_STORAGE_VERSION if any(i in table.int8_products for i in products) else FORMAT_VERSION)
     document = {"format": FORMAT_NAME, "version": list(version), "metadata": metadata,
                 "tensors": entries, "graph": graph_doc}
     # ASCII with escapes: a lone surrogate in a name still round-trips.
@@ -235,9 +250,13 @@ def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | Non
         if products and index in products:
             entries.append({"dtype": "float32", "shape": shape, "product": list(products[index])})
             continue
-        entries.append({"dtype": dtypes.name_of(array.dtype), "shape": shape, "offset": 0,
-                        "nbytes": int(array.size) * array.dtype.itemsize})
-        numeric.append((index, array))
+        entry = {"dtype": dtypes.name_of(array.dtype), "shape": shape, "offset": 0}
+        narrow = narrowed(array)
+        if narrow is not array:
+            entry["stored"] = dtypes.name_of(narrow.dtype)
+        entry["nbytes"] = int(narrow.size) * narrow.dtype.itemsize
+        entries.append(entry)
+        numeric.append((index, narrow))
     def order(item: tuple[int, np.ndarray]) -> tuple[bool, int]:
         small = entries[item[0]]["nbytes"] < ALIGNMENT
         return small, -item[1].dtype.itemsize if small else 0
@@ -252,6 +271,29 @@ def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | Non
         placed.append((position, array))
         position += entry["nbytes"]
     return entries, placed, position
+
+
+def narrowed(array: np.ndarray) -> np.ndarray:
+    """``array`` in the narrowest dtype of ``NARROWINGS`` that holds every value bit for bit
+    (float16 keeps a float32's signed zeros and infinities; a NaN whose payload it drops keeps float32), or
+    ``array`` itself: a tensor over ``NARROW_MAX_BYTES``, one where narrowing would save under
+    ``NARROW_MIN_SAVING`` bytes, or one no narrower dtype holds."""
+    if array.nbytes > NARROW_MAX_BYTES:
+        return array
+    for name in NARROWINGS.get(dtypes.name_of(array.dtype) if array.dtype.kind in "iuf" else "", ()):
+        narrow_type = dtypes.numpy_dtype(name)
+        if array.nbytes - array.size * narrow_type.itemsize < NARROW_MIN_SAVING:
+            continue
+        if narrow_type.kind == "i":
+            info = np.iinfo(narrow_type)
+            if array.min() < info.min or array.max() > info.max:
+                continue
+            return array.astype(narrow_type)
+        with np.errstate(all="ignore"):
+            narrow = array.astype(narrow_type)
+        if np.array_equal(narrow.astype(array.dtype).view(np.uint32), np.ascontiguousarray(array).view(np.uint32)):
+            return narrow
+    return array
 
 
 def _string_items(array: np.ndarray, index: int) -> list[Any]:
@@ -497,6 +539,7 @@ class _Span:
     shape: tuple[int, ...]
     offset: int
     nbytes: int
+    widen: np.dtype | None = None  # the entry's dtype, when it is stored as the narrower ``dtype``
 
 
 def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: DocumentReader) -> list[np.ndarray]:
@@ -524,10 +567,18 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
             operands = [reader.integer(i, f"{where}.product[{k}]", maximum=len(entries) - 1) for k, i in enumerate(pair)]
             products[index] = (_tensor_shape(entry["shape"], f"{where}.shape", reader), operands)
             continue
-        entry = reader.fields(entry, where, ("dtype", "shape", "offset", "nbytes"))
+        narrow = "stored" in entry and (header.major, header.minor) >= NARROW_STORAGE_VERSION
+        entry = reader.fields(entry, where, ("dtype", "shape", "offset", "nbytes") + (("stored",) if narrow else ()))
         if name not in dtypes.NUMERIC_DTYPES:
             raise reader.fail(f"{where}.dtype", f"one of {', '.join(dtypes.NUMERIC_DTYPES)} or str", name)
-        dtype = _file_dtype(name)
+        dtype = widen = _file_dtype(name)
+        if narrow:
+            allowed = NARROWINGS.get(name, ())
+            if entry["stored"] not in allowed:
+                raise reader.fail(f"{where}.stored", f"one of {', '.join(allowed)} (a {name} tensor stored narrow)"
+                                  if allowed else f"no narrower storage: a {name} tensor is stored as it is",
+                                  entry["stored"])
+            dtype = _file_dtype(entry["stored"])
         shape = _tensor_shape(entry["shape"], f"{where}.shape", reader)
         offset = reader.integer(entry["offset"], f"{where}.offset", maximum=header.data_length)
         nbytes = reader.integer(entry["nbytes"], f"{where}.nbytes", maximum=header.data_length)
@@ -542,13 +593,16 @@ def _read_tensors(mapped: mmap.mmap, header: Header, table: Any, reader: Documen
         if offset + nbytes > header.data_length:
             raise reader.fail(where, f"bytes within the {header.data_length}-byte data section",
                               Finding(f"{nbytes} bytes at offset {offset}"))
-        spans.append(_Span(index, dtype, shape, offset, nbytes))
+        spans.append(_Span(index, dtype, shape, offset, nbytes, widen if narrow else None))
     _check_disjoint(spans, reader)
     tensors: list[np.ndarray | None] = [None] * len(entries)
     for index, array in strings.items():
         tensors[index] = array
     for span in spans:
         tensors[span.index] = _view(mapped, header, span, reader)
+        if span.widen is not None:
+            tensors[span.index] = tensors[span.index].astype(span.widen)
+            tensors[span.index].flags.writeable = False
     for index, (shape, operands) in products.items():
         tensors[index] = _product_tensor(index, shape, [tensors[i] for i in operands], reader)
     return tensors  # type: ignore[return-value]

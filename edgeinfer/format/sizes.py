@@ -28,7 +28,7 @@ class SizeBreakdown:
     document: int  # as stored (compressed from version 2 on)
     document_json: int  # the JSON text it holds
     padding: int  # zero bytes: after the document up to the data section, and between tensors
-    tensor_bytes: dict[str, int]  # dtype -> bytes of the stored tensors of that dtype
+    tensor_bytes: dict[str, int]  # dtype as stored (an int32 bias stored as int16 counts as int16) -> bytes
     tensor_counts: dict[str, int]  # dtype -> number of stored tensors (str: elements in the document)
     references: int  # tensor references in the graph: initializers and tensor attributes
     derived: int = 0  # product entries (version 3): tensors computed on load, no bytes stored
@@ -77,7 +77,7 @@ def size_breakdown(path: str | os.PathLike) -> SizeBreakdown:
     derived = 0
     for index, entry in enumerate(reader.array(document["tensors"], "document.tensors")):
         entry = reader.fields(entry, f"document.tensors[{index}]", ("dtype", "shape"))
-        dtype = reader.string(entry["dtype"], f"document.tensors[{index}].dtype")
+        dtype = reader.string(entry.get("stored", entry["dtype"]), f"document.tensors[{index}].dtype")
         if "product" in entry:
             derived += 1
             continue

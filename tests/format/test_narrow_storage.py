@@ -1,0 +1,114 @@
+"""Version 3.2 narrow storage: a small tensor whose every value a narrower dtype holds bit for bit
+(an int32 bias within int16, int64 shape constants, float32 scales on the float16 grid) is
+stored in it (``{"stored": ...}``) and widened on load; anything else keeps its bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import edgeinfer as ei
+from edgeinfer.errors import ModelFormatError
+from edgeinfer.format.eim import NARROW_MAX_BYTES, narrowed
+
+
+def _arrays(rng) -> dict[str, np.ndarray]:
+    on_grid = rng.standard_normal(64).astype(np.float16).astype(np.float32)
+    on_grid[:3] = (-0.0, np.inf, 2.0**-24)  # signed zero, infinity, float16's smallest subnormal
+    return {
+        "bias16": rng.integers(-30000, 30000, 48).astype(np.int32),
+        "bias8": rng.integers(-128, 128, 16).astype(np.int32),
+        "shape": np.array([1, -1, 256, 7], np.int64),
+        "scale16": on_grid,
+        # no narrower dtype holds these: they keep their bytes
+        "bias32": np.concatenate([rng.integers(-30000, 30000, 15), [40000]]).astype(np.int32),
+        "scale32": (rng.standard_normal(16) * 1e-3).astype(np.float32),
+        "nan_payload": np.array([0x3F800000, 0x7FC00001, 0x40000000, 0x40400000], np.uint32).view(np.float32),
+        "tiny_on_grid": np.array([0.5, 0.25], np.float32),  # saves 4 bytes: under NARROW_MIN_SAVING
+        "large_on_grid": np.ones(NARROW_MAX_BYTES // 4 + 1, np.float32),  # stays a view into the map
+    }
+
+
+STORED = {"bias16": "int16", "bias8": "int8", "shape": "int16", "scale16": "float16"}
+
+
+def test_exact_narrow_tensors_are_stored_narrow_and_read_back_bit_identical(tmp_path, rng, identity_graph, eim_file):
+    arrays = _arrays(rng)
+    model = ei.Model(identity_graph(arrays))
+    path = tmp_path / "narrow.eim"
+    model.save(path)
+    parsed = eim_file.read(path)
+    assert (parsed.major, parsed.minor) == (3, 2) and parsed.document["version"] == [3, 2]
+    refs = {item["name"]: item["tensor"] for item in parsed.document["graph"]["initializers"]}
+    entries = {name: parsed.document["tensors"][index] for name, index in refs.items()}
+    assert {name: entry["stored"] for name, entry in entries.items() if "stored" in entry} == STORED
+    for name, stored in STORED.items():
+        assert entries[name]["dtype"] == str(arrays[name].dtype)
+        assert entries[name]["nbytes"] == arrays[name].size * np.dtype(stored).itemsize
+    loaded = ei.load(path)
+    assert loaded.graph.content_hash() == model.graph.content_hash()
+    for name, want in arrays.items():
+        got = loaded.graph.initializers[name]
+        assert got.dtype == want.dtype and got.shape == want.shape and not got.flags.writeable
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), name  # bits: -0.0 and NaN included
+    out = ei.Session(loaded, backend="numpy").run({})
+    assert np.array_equal(out["bias16_out"], arrays["bias16"])
+    assert np.signbit(out["scale16_out"][0]) and np.isinf(out["scale16_out"][1])
+    saved_bytes = sum(a.nbytes - a.size * np.dtype(STORED[name]).itemsize for name, a in arrays.items() if name in STORED)
+    unnarrowed = sum(a.nbytes for a in arrays.values())
+    assert parsed.data_length <= unnarrowed - saved_bytes + 64 * len(arrays)
+
+
+def test_narrowed_is_exact_or_returns_the_array_itself(rng):
+    for _ in range(50):
+        kind = rng.integers(3)
+        if kind == 0:
+            a = rng.integers(-2**20, 2**20, 64) >> rng.integers(0, 21)
+            a = a.astype(np.int64 if rng.integers(2) else np.int32)
+        else:
+            a = (rng.standard_normal(64) * 10.0 ** rng.integers(-8, 6)).astype(np.float32)
+            if kind == 1:
+                a = a.astype(np.float16).astype(np.float32)
+        narrow = narrowed(a)
+        if narrow is a:
+            continue
+        assert narrow.dtype.itemsize < a.dtype.itemsize
+        assert np.array_equal(narrow.astype(a.dtype).view(np.uint8), a.view(np.uint8))
+    assert narrowed(np.array([1, 2], np.int32)).dtype == np.int32  # saves 6 bytes: under NARROW_MIN_SAVING
+    assert narrowed(np.arange(8, dtype=np.int32) + 2**15).dtype == np.int32
+    assert narrowed(np.arange(8, dtype=np.int64) + 2**31).dtype == np.int64
+    assert narrowed(np.arange(8, dtype=np.int64) + 2**15).dtype == np.int32
+    assert narrowed(np.arange(8, dtype=np.uint8)).dtype == np.uint8  # no narrower storage for uint8
+
+
+def _narrow_file(tmp_path, rng, identity_graph, eim_file):
+    path = tmp_path / "n.eim"
+    ei.Model(identity_graph({"bias": rng.integers(-300, 300, 32).astype(np.int32)})).save(path)
+    return eim_file.read(path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda e: e.update(stored="int64"), r"\.stored: expected one of int8, int16"),
+    (lambda e: e.update(dtype="float32", stored="int16"), r"\.stored: expected one of float16"),
+    (lambda e: e.update(dtype="uint8", stored="int8"), r"\.stored: expected no narrower storage"),
+    (lambda e: e.update(nbytes=32), r"\.nbytes: expected 64 \(shape \[32\] x 2 bytes\)"),
+])
+def test_a_bad_narrow_entry_is_refused(tmp_path, rng, identity_graph, eim_file, edit, match):
+    parsed = _narrow_file(tmp_path, rng, identity_graph, eim_file)
+    entry = next(e for e in parsed.document["tensors"] if "stored" in e)
+    assert entry["stored"] == "int16"
+    edit(entry)
+    bad = tmp_path / "bad.eim"
+    bad.write_bytes(parsed.pack())
+    with pytest.raises(ModelFormatError, match=match):
+        ei.load(bad)
+
+
+def test_a_version_3_1_file_has_no_narrow_entries(tmp_path, rng, identity_graph, eim_file):
+    """Narrow storage is version 3.2's: a 3.1 file naming it is refused (an unknown field)."""
+    parsed = _narrow_file(tmp_path, rng, identity_graph, eim_file)
+    parsed.document["version"] = [3, 1]
+    bad = tmp_path / "bad.eim"
+    bad.write_bytes(parsed.pack(minor=1))
+    with pytest.raises(ModelFormatError, match="unknown 'stored'"):
+        ei.load(bad)
