@@ -36,11 +36,13 @@ refuses such an entry with a typed error; other files are still written as 3.0.
 Version 3.2 (written when it is used) lets a small numeric tensor be stored narrower than its
 dtype where that is exact: ``{"dtype": "int32", "shape", "offset", "nbytes", "stored": "int16"}``
 holds int16 bytes (``nbytes`` counts them, alignment follows them) that the reader widens to
-int32 on load. The writer narrows a tensor of at most ``NARROW_MAX_BYTES`` (quantized biases,
-weight scales on the float16 grid, shape constants; ``NARROWINGS`` lists the pairs) when every
-value survives the round trip bit for bit and it saves ``NARROW_MIN_SAVING`` bytes or more;
-larger tensors stay views into the map. A 3.1 reader refuses such an entry with a typed error
-(its byte count).
+int32 on load. The writer narrows an integer tensor of at most ``NARROW_MAX_BYTES`` (quantized
+biases, shape constants) and a float32 operand of a product (the scales of int8-stored weights
+and of quantized biases, which the quantizer puts on the float16 grid) when every value survives
+the round trip bit for bit and it saves ``NARROW_MIN_SAVING`` bytes or more (``NARROWINGS``
+lists the pairs). Other float32 tensors keep 4 bytes (a float16-valued weight is stored so only
+when declared, ``weight_storage``), and larger tensors stay views into the map. A 3.1 reader
+refuses a narrow entry with a typed error (its byte count).
 
 Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
@@ -242,6 +244,7 @@ def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | Non
     """
     entries: list[dict[str, Any]] = []
     numeric: list[tuple[int, np.ndarray]] = []
+    operands = {i for pair in (products or {}).values() for i in pair}
     for index, array in enumerate(arrays):
         shape = [int(d) for d in array.shape]
         if array.dtype == object or array.dtype.kind in "US":
@@ -251,7 +254,7 @@ def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | Non
             entries.append({"dtype": "float32", "shape": shape, "product": list(products[index])})
             continue
         entry = {"dtype": dtypes.name_of(array.dtype), "shape": shape, "offset": 0}
-        narrow = narrowed(array)
+        narrow = narrowed(array, floats=index in operands)
         if narrow is not array:
             entry["stored"] = dtypes.name_of(narrow.dtype)
         entry["nbytes"] = int(narrow.size) * narrow.dtype.itemsize
@@ -273,12 +276,12 @@ def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | Non
     return entries, placed, position
 
 
-def narrowed(array: np.ndarray) -> np.ndarray:
+def narrowed(array: np.ndarray, *, floats: bool = True) -> np.ndarray:
     """``array`` in the narrowest dtype of ``NARROWINGS`` that holds every value bit for bit
     (float16 keeps a float32's signed zeros and infinities; a NaN whose payload it drops keeps float32), or
     ``array`` itself: a tensor over ``NARROW_MAX_BYTES``, one where narrowing would save under
-    ``NARROW_MIN_SAVING`` bytes, or one no narrower dtype holds."""
-    if array.nbytes > NARROW_MAX_BYTES:
+    ``NARROW_MIN_SAVING`` bytes, one no narrower dtype holds, or a float one unless ``floats``."""
+    if array.nbytes > NARROW_MAX_BYTES or (array.dtype.kind == "f" and not floats):
         return array
     for name in NARROWINGS.get(dtypes.name_of(array.dtype) if array.dtype.kind in "iuf" else "", ()):
         narrow_type = dtypes.numpy_dtype(name)

@@ -1,6 +1,7 @@
 """Version 3.2 narrow storage: a small tensor whose every value a narrower dtype holds bit for bit
-(an int32 bias within int16, int64 shape constants, float32 scales on the float16 grid) is
-stored in it (``{"stored": ...}``) and widened on load; anything else keeps its bytes."""
+(an int32 bias within int16, int64 shape constants; a float32 product operand on the float16
+grid, as the quantizer's weight scales are) is stored in it (``{"stored": ...}``) and widened on
+load; anything else keeps its bytes."""
 
 from __future__ import annotations
 
@@ -10,31 +11,37 @@ import pytest
 import edgeinfer as ei
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.format.eim import NARROW_MAX_BYTES, narrowed
+from edgeinfer.ir.weights import with_weight_products
 
 
 def _arrays(rng) -> dict[str, np.ndarray]:
-    on_grid = rng.standard_normal(64).astype(np.float16).astype(np.float32)
-    on_grid[:3] = (-0.0, np.inf, 2.0**-24)  # signed zero, infinity, float16's smallest subnormal
+    on_grid = np.abs(rng.standard_normal(64)).astype(np.float16).astype(np.float32)
+    on_grid[:3] = (0.0, np.inf, 2.0**-24)  # zero, infinity, float16's smallest subnormal
+    x_scale = np.float32(0.0123)
     return {
         "bias16": rng.integers(-30000, 30000, 48).astype(np.int32),
         "bias8": rng.integers(-128, 128, 16).astype(np.int32),
         "shape": np.array([1, -1, 256, 7], np.int64),
-        "scale16": on_grid,
-        # no narrower dtype holds these: they keep their bytes
+        "w_scale": on_grid,  # an operand of the product b_scale: stored narrow
+        "x_scale": np.array(x_scale, np.float32),
+        "b_scale": np.multiply(x_scale, on_grid, dtype=np.float32),
+        # no narrower storage for these: they keep their bytes
         "bias32": np.concatenate([rng.integers(-30000, 30000, 15), [40000]]).astype(np.int32),
-        "scale32": (rng.standard_normal(16) * 1e-3).astype(np.float32),
+        "float_on_grid": on_grid * 2,  # a float32 tensor that is no product operand (a weight)
         "nan_payload": np.array([0x3F800000, 0x7FC00001, 0x40000000, 0x40400000], np.uint32).view(np.float32),
-        "tiny_on_grid": np.array([0.5, 0.25], np.float32),  # saves 4 bytes: under NARROW_MIN_SAVING
-        "large_on_grid": np.ones(NARROW_MAX_BYTES // 4 + 1, np.float32),  # stays a view into the map
+        "tiny_ints": np.array([5, 6], np.int32),  # saves 6 bytes: under NARROW_MIN_SAVING
+        "large_ints": np.ones(NARROW_MAX_BYTES // 4 + 1, np.int32),  # stays a view into the map
     }
 
 
-STORED = {"bias16": "int16", "bias8": "int8", "shape": "int16", "scale16": "float16"}
+STORED = {"bias16": "int16", "bias8": "int8", "shape": "int16", "w_scale": "float16"}
 
 
 def test_exact_narrow_tensors_are_stored_narrow_and_read_back_bit_identical(tmp_path, rng, identity_graph, eim_file):
     arrays = _arrays(rng)
-    model = ei.Model(identity_graph(arrays))
+    graph = identity_graph(arrays)
+    graph.metadata = with_weight_products(graph.metadata, {"b_scale": ("x_scale", "w_scale")})
+    model = ei.Model(graph)
     path = tmp_path / "narrow.eim"
     model.save(path)
     parsed = eim_file.read(path)
@@ -42,6 +49,7 @@ def test_exact_narrow_tensors_are_stored_narrow_and_read_back_bit_identical(tmp_
     refs = {item["name"]: item["tensor"] for item in parsed.document["graph"]["initializers"]}
     entries = {name: parsed.document["tensors"][index] for name, index in refs.items()}
     assert {name: entry["stored"] for name, entry in entries.items() if "stored" in entry} == STORED
+    assert entries["b_scale"]["product"] == [refs["x_scale"], refs["w_scale"]]
     for name, stored in STORED.items():
         assert entries[name]["dtype"] == str(arrays[name].dtype)
         assert entries[name]["nbytes"] == arrays[name].size * np.dtype(stored).itemsize
@@ -50,13 +58,13 @@ def test_exact_narrow_tensors_are_stored_narrow_and_read_back_bit_identical(tmp_
     for name, want in arrays.items():
         got = loaded.graph.initializers[name]
         assert got.dtype == want.dtype and got.shape == want.shape and not got.flags.writeable
-        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), name  # bits: -0.0 and NaN included
+        assert np.array_equal(np.atleast_1d(got).view(np.uint8), np.atleast_1d(want).view(np.uint8)), name  # bits
     out = ei.Session(loaded, backend="numpy").run({})
-    assert np.array_equal(out["bias16_out"], arrays["bias16"])
-    assert np.signbit(out["scale16_out"][0]) and np.isinf(out["scale16_out"][1])
-    saved_bytes = sum(a.nbytes - a.size * np.dtype(STORED[name]).itemsize for name, a in arrays.items() if name in STORED)
-    unnarrowed = sum(a.nbytes for a in arrays.values())
-    assert parsed.data_length <= unnarrowed - saved_bytes + 64 * len(arrays)
+    assert np.array_equal(out["bias16_out"], arrays["bias16"]) and np.isinf(out["w_scale_out"][1])
+    assert np.array_equal(out["b_scale_out"].view(np.uint32), arrays["b_scale"].view(np.uint32))
+    saved_bytes = sum(arrays[name].nbytes - arrays[name].size * np.dtype(kind).itemsize for name, kind in STORED.items())
+    whole = sum(a.nbytes for name, a in arrays.items() if name != "b_scale")
+    assert parsed.data_length <= whole - saved_bytes + 64 * len(arrays)
 
 
 def test_narrowed_is_exact_or_returns_the_array_itself(rng):
