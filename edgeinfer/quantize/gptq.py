@@ -24,7 +24,7 @@ import numpy as np
 
 from edgeinfer.errors import InputError
 from edgeinfer.ir.graph import Graph, Node
-from edgeinfer.ir.weights import INT8_LIMIT
+from edgeinfer.ir.weights import INT8_LIMIT, float16_grid_scale
 
 DAMPING = 0.01  # of the Hessian's mean diagonal, added to its diagonal (GPTQ's percdamp)
 
@@ -102,11 +102,12 @@ def _unrows(rows: np.ndarray, weight: np.ndarray, layout: str) -> np.ndarray:
 def gptq_rows(rows: np.ndarray, hessian: np.ndarray, *, limit: int = INT8_LIMIT,
               damping: float = DAMPING) -> np.ndarray:
     """``rows`` (G, R, K) rounded to ``limit`` levels per row by GPTQ with ``hessian`` (G, K, K):
-    float32 ``q * scale`` (integer ``q``, float32 scale ``max |row| / limit`` per row)."""
+    float32 ``q * scale`` (integer ``q``, float32 scale ``max |row| / limit`` per row, rounded up
+    onto the float16 grid as ``int8_rounded``'s)."""
     weights = rows.astype(np.float64).copy()
     groups, count, width = weights.shape
     peak = np.abs(rows.astype(np.float32)).max(axis=2)
-    scale32 = np.divide(peak, np.float32(limit), dtype=np.float32)
+    scale32 = float16_grid_scale(np.divide(peak, np.float32(limit), dtype=np.float32))  # as int8_rounded's
     scale = np.where(scale32 > 0, scale32, 1).astype(np.float64)
     keep = np.argmax(np.abs(weights), axis=2)  # each row's largest weight keeps its extreme code
     extreme = np.sign(np.take_along_axis(weights, keep[..., None], axis=2)[..., 0]) * limit

@@ -37,7 +37,7 @@ from edgeinfer.errors import UnsupportedOpError
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.ir.names import fresh_name
-from edgeinfer.ir.weights import with_live_stored_weights, with_weight_products
+from edgeinfer.ir.weights import float16_grid_scale, with_live_stored_weights, with_weight_products
 from edgeinfer.quantize.methods import INT8, INT8_7BIT, INT32_BIAS, UINT8, QuantType, quant_params
 from edgeinfer.quantize.rules import QUANTIZERS, SAME_AS_INPUT
 
@@ -313,7 +313,7 @@ def weight_params(array: np.ndarray, axis: int, qtype: QuantType = WEIGHT_TYPE) 
     else:
         other = tuple(i for i in range(data.ndim) if i != axis)
         absmax = np.abs(data).max(axis=other, initial=0.0)
-    scale = np.where(absmax > 0, np.maximum(absmax / qtype.qmax, SCALE_FLOOR), 1.0).astype(np.float32)
+    scale = float16_grid_scale(np.where(absmax > 0, np.maximum(absmax / qtype.qmax, SCALE_FLOOR), 1.0))
     zero_point = np.zeros(scale.shape, qtype.dtype)
     return TensorParams(scale, zero_point, qtype, None if axis < 0 else axis)
 
@@ -336,7 +336,7 @@ def _raise_weight_scales_for_bias(plan: QuantPlan, acts: dict[str, TensorParams]
         x_scale = float(acts[bias.activation].scale)
         smallest = np.maximum(data * 1.0001 / limit, SCALE_FLOOR)
         needed = smallest / x_scale
-        w.scale = np.maximum(w.scale.astype(np.float64), needed if w.scale.ndim else needed.max()).astype(np.float32)
+        w.scale = float16_grid_scale(np.maximum(w.scale.astype(np.float64), needed if w.scale.ndim else needed.max()))
 
 
 def quantize_values(array: np.ndarray, params: TensorParams) -> np.ndarray:

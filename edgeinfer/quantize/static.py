@@ -223,7 +223,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     ``FLOAT16_MIN_DB`` (``float16_float_weights``: half the bytes, the same float32 compute). The
     float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
     input channel means calibration recorded (``bias_correction.rounding_corrected``; a
-    calibration without them, ``input_means={}``, corrects nothing)."""
+    calibration without them, ``input_means={}``, corrects nothing), and is then stored as
+    float16 values where its weights are int8 or float16 ones (``float16_float_biases``)."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     if float_weights not in FLOAT_WEIGHTS:
@@ -244,12 +245,16 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
         graph = with_weights_of(graph, calibration.graph, options.exclude if whole is None else options.exclude & whole)
     rounding_corrections: list[str] = []
     narrowed: list[str] = []
+    narrowed_biases: list[str] = []
     if whole is not None:
         kept_float = options.exclude | frozenset(recurrent_layers(graph))
         graph, rounded = int8_float_weights(graph, kept_float - whole)
         if float32_weights_as == "float16":
             graph, narrowed = float16_float_weights(graph, kept_float & whole)
         graph, rounding_corrections = rounding_corrected(graph, calibration.graph, rounded, calibration.input_means)
+        # float16 biases where the weights are int8 or float16 values, after the rounding correction
+        narrow_weights = kept_float - whole if float32_weights_as == "float32" else kept_float
+        graph, narrowed_biases = float16_float_biases(graph, narrow_weights)
     corrected: list | None = None
     if bias_correction:
         from edgeinfer.quantize.bias_correction import correct_biases
@@ -275,6 +280,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                                           "biases_corrected": len(rounding_corrections)}
     if narrowed:
         summary["float16_stored_weights"] = len(narrowed)
+    if narrowed_biases:
+        summary["float16_stored_biases"] = len(narrowed_biases)
     if corrected is not None:
         summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
                                       "waves": 1 + max((c.wave for c in corrected), default=-1),
@@ -326,12 +333,40 @@ def float16_float_weights(graph: Graph, layers: frozenset[str]) -> tuple[Graph, 
     keeps 2 bytes a weight, every engine gets float32); and their names. A weight float16 does
     not hold (a value over its range, or an SQNR of the round trip under ``FLOAT16_MIN_DB``, as
     from tiny values that underflow) stays float32; one already stored narrow is unchanged."""
+    return _float16_stored(graph, _layer_weights(graph, layers))
+
+
+def float16_float_biases(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:
+    """``graph`` with the constant float32 biases (input 2) of the Conv/ConvTranspose/Gemm nodes
+    among ``layers`` rounded to float16 values and declared float16-stored, where only such
+    nodes read them and float16 holds them (as ``float16_float_weights``); and their names.
+    A float layer whose weights are int8 or float16 values gains nothing from a float32 bias:
+    a relative change under 2**-11 of the bias alone."""
+    names = set()
+    for node in graph.nodes:
+        if layer_name(node) not in layers or node.domain or node.op_type not in _BIAS_OPS or len(node.inputs) < 3:
+            continue
+        bias = graph.values.get(node.inputs[2])
+        if (bias is None or bias.const is None or bias.const.dtype != np.float32
+                or any(layer_name(user) not in layers or user.op_type not in _BIAS_OPS or at != 2
+                       for user, at in bias.uses)):
+            continue
+        names.add(bias.name)
+    return _float16_stored(graph, names)
+
+
+_BIAS_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
+
+
+def _float16_stored(graph: Graph, names) -> tuple[Graph, list[str]]:
+    """``graph`` with the float32 initializers ``names`` rounded to float16 values and declared
+    float16-stored, those float16 holds to ``FLOAT16_MIN_DB``; and the names rounded."""
     from edgeinfer.ir.weights import with_stored_weights
     from edgeinfer.quantize.report import sqnr_db
 
     inits = graph.initializers
     narrowed = {}
-    for name in _layer_weights(graph, layers):
+    for name in names:
         weight = inits[name]
         with np.errstate(over="ignore"):
             narrow = weight.astype(np.float16).astype(np.float32)

@@ -55,12 +55,14 @@ def test_an_int8_stored_weight_takes_a_quarter_and_reads_back_bit_identical(tmp_
     path = tmp_path / "w.eim"
     model.save(path)
     parsed = eim_file.read(path)
-    assert (parsed.major, parsed.minor) == (3, 1) and parsed.document["version"] == [3, 1]
+    # 3.2: the scales, on the float16 grid (``int8_rounded``), are stored as float16 (narrow storage)
+    assert (parsed.major, parsed.minor) == (3, 2) and parsed.document["version"] == [3, 2]
     entries = parsed.document["tensors"]
     product = next(e for e in entries if "product" in e)
     q, scale = (entries[i] for i in product["product"])
     assert product["shape"] == [32, 3, 3, 3] and "offset" not in product
     assert (q["dtype"], q["shape"], scale["dtype"], scale["shape"]) == ("int8", [32, 3, 3, 3], "float32", [32, 1, 1, 1])
+    assert scale["stored"] == "float16" and scale["nbytes"] == 32 * 2
     float_path = tmp_path / "f.eim"
     ei.Model(identity_graph({k: v for k, v in model.graph.initializers.items()})).save(float_path)
     assert parsed.data_length < 0.5 * eim_file.read(float_path).data_length

@@ -71,7 +71,7 @@ def test_gptq_weights_are_on_the_int8_grid_and_closer_at_each_layer_output():
         np.testing.assert_array_equal(q_scale[1], int8_factors(int8_rounded(graph.initializers[name], axis), axis)[1])
         assert not np.array_equal(got, int8_rounded(graph.initializers[name], axis))
     nearest = _with(graph, {n: int8_rounded(graph.initializers[n], axes[n]) for n in axes})
-    held_out = _feeds(8, 2)
+    held_out = _feeds(32, 2)  # 8 samples: the output's SQNR moves by 2 dB with a 0.05% change of the scales
     reference, gptq, plain = (_layer_outputs(g, held_out) for g in (graph, rounded, nearest))
     for index, name in enumerate(("c1", "c2", "y")):
         ref = np.concatenate([r[index].ravel() for r in reference])

@@ -274,3 +274,77 @@ def test_a_concats_inputs_are_rounded_once_to_its_own_grid(rng):
            for label, m, backend in (("shared", shared, "numpy"), ("separate", separate, "numpy"), ("ort", shared, "onnxruntime"))}
     assert sqnr(reference, got["shared"]) >= sqnr(reference, got["separate"]) - 0.5
     np.testing.assert_allclose(got["ort"], got["shared"], atol=0.05 * float(np.abs(reference).max()))
+
+
+def _stored_entries(path) -> dict[str, dict]:
+    """``{initializer name: its tensor table entry}`` of the saved top graph of ``path``."""
+    from edgeinfer.format.eim import document_bytes, parse_document, read_header
+
+    raw = path.read_bytes()
+    header = read_header(raw, str(path))
+    document = parse_document(document_bytes(raw, header, str(path)), header, str(path))
+    return {item["name"]: document["tensors"][item["tensor"]] for item in document["graph"]["initializers"]}
+
+
+def test_weight_scales_lie_on_the_float16_grid_and_the_file_stores_scales_and_biases_narrow(cnn, int8, tmp_path):
+    """Weight scales are rounded up onto the float16 grid (a step at most 2**-11 coarser, so no
+    weight clips); the .eim then stores them, and the int32 biases that fit int16, in 2 bytes."""
+    from edgeinfer.ir.weights import weight_products
+
+    _, fused, samples, _ = cnn
+    q = int8.graph
+    weights = [n for n in q.nodes if n.op_type == "DequantizeLinear" and q.values[n.inputs[0]].dtype == "int8"
+               and q.values[n.inputs[0]].const is not None]
+    assert len(weights) >= 5
+    for node in weights:
+        codes, scale = q.initializers[node.inputs[0]], q.initializers[node.inputs[1]]
+        assert np.array_equal(scale.astype(np.float16).astype(np.float32), scale)
+        assert np.abs(codes).max() == 127  # every channel's largest weight still takes the extreme code
+    path = tmp_path / "int8.eim"
+    int8.save(path)
+    entries = _stored_entries(path)
+    operands = {name for pair in weight_products(q.metadata).values() for name in pair}
+    scales = [n.inputs[1] for n in weights if n.inputs[1] in operands and q.initializers[n.inputs[1]].size >= 4]
+    assert scales and all(entries[name].get("stored") == "float16" for name in scales)
+    biases = [name for name, a in q.initializers.items() if a.dtype == np.int32 and a.size >= 4]
+    fits = [name for name in biases if np.abs(q.initializers[name]).max() < 2**15]
+    assert fits and all(entries[name].get("stored") in ("int8", "int16") for name in fits)
+    assert all("stored" not in entries[name] for name in set(biases) - set(fits))
+    loaded = ei.load(path)
+    assert loaded.graph.content_hash() == q.content_hash()
+    feeds = {"input": samples[0]}
+    assert_close(ei.Session(loaded, backend="numpy").run(feeds)["logits"], ei.Session(int8, backend="numpy").run(feeds)["logits"])
+    float_out = ei.Session(fused, backend="numpy").run(feeds)["logits"]
+    assert sqnr(float_out, ei.Session(loaded, backend="onnxruntime").run(feeds)["logits"]) > 20
+
+
+def test_float_layers_store_float16_biases_at_no_measurable_cost(cnn, tmp_path, monkeypatch):
+    """With ``float_weights="int8"`` the biases of the layers kept float are float16 values,
+    declared so (2 bytes each in the file): their output stays within 60 dB of float32 biases."""
+    import sys
+
+    from edgeinfer.ir.weights import stored_weights
+    from edgeinfer.quantize.static import quantizable_layers
+
+    _, fused, samples, calibration = cnn
+    layers = quantizable_layers(calibration)
+    mixed = quantize_static(fused, calibration, exclude=layers, float_weights="int8")
+    biases = {n.inputs[2] for n in mixed.graph.nodes if n.op_type in ("Conv", "Gemm") and len(n.inputs) > 2}
+    assert biases and biases <= set(stored_weights(mixed.graph.metadata))
+    for name in biases:
+        value = mixed.graph.initializers[name]
+        assert value.dtype == np.float32 and np.array_equal(value.astype(np.float16).astype(np.float32), value)
+    assert json.loads(mixed.metadata["quantization"])["float16_stored_biases"] == len(biases)
+    static = sys.modules["edgeinfer.quantize.static"]
+    monkeypatch.setattr(static, "float16_float_biases", lambda graph, layers: (graph, []))
+    wide = quantize_static(fused, calibration, exclude=layers, float_weights="int8")
+    assert not biases & set(stored_weights(wide.graph.metadata))
+    for label, model in (("f16", mixed), ("f32", wide)):
+        model.save(tmp_path / f"{label}.eim")
+    saved = (tmp_path / "f32.eim").stat().st_size - (tmp_path / "f16.eim").stat().st_size
+    assert saved >= 2 * sum(mixed.graph.initializers[name].size for name in biases) - 64
+    for seed in range(3):
+        feeds = {"input": samples[seed]}
+        narrow = ei.Session(ei.load(tmp_path / "f16.eim"), backend="numpy").run(feeds)["logits"]
+        assert sqnr(ei.Session(wide, backend="numpy").run(feeds)["logits"], narrow) > 60
+        assert sqnr(ei.Session(fused, backend="numpy").run(feeds)["logits"], narrow) > 30
