@@ -272,7 +272,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     reasons: list[dict] = []
     quantized, score = attempt(kept)
     first, steps = score, 1
-    ceiling, float16_db, whole = None, None, []
+    ceiling, float16_db, whole, exact = None, None, [], []
     if score < min_sqnr and float_weights == "int8":
         # every layer float with int8 weights: the best any search can reach with them. Within
         # WEIGHT_MARGIN_DB of the target (weight rounding alone would take over half the noise the
@@ -293,29 +293,48 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
                 alone[layer] = attempt(everything)[1]
             # float16 values of every wide weight: where even they (every layer float) miss the
             # target and margin, the network is that sensitive (RapidOCR's orientation classifier:
-            # 35.0 dB on its search samples), and wide weights stay float32; recorded as float16_weights_db
+            # 34.5 dB on its search samples; recorded as float16_weights_db), and the layers whose
+            # float16 weights alone cost most output noise per byte keep exact float32 weights
+            # (its first, smallest convolutions): the fewest of them, in that order, by bisection
             options["float32_weights"] = weighted
             options["float32_weights_as"] = "float16"
             float16_db = attempt(everything)[1]
-            wide_as = "float16" if float16_db >= min_sqnr + WEIGHT_MARGIN_DB else "float32"
-            options["float32_weights_as"] = wide_as
             steps += len(weighted) + 1
             sizes = _constant_bytes(calibration.graph, weighted)
-            order = sorted(weighted, key=lambda layer: -_noise_power(alone[layer]) / max(sizes[layer], 1))
-            low, high = 0, len(order)  # order[:low] misses the target, order[:high] (all) holds
-            while high - low > 1:
-                middle = (low + high) // 2
-                options["float32_weights"] = order[:middle]
-                steps += 1
-                if attempt(everything)[1] >= min_sqnr + WEIGHT_MARGIN_DB:
-                    high = middle
-                else:
-                    low = middle
-            whole = order[:high]
-            options["float32_weights"] = whole
-            stored = ("stored as float16 where float16 holds them" if wide_as == "float16" else
-                      "stored as float32: float16 values of every wide weight miss the target and margin")
-            reasons.append({"layers": whole, "stored_as": wide_as,
+            exact: list[str] = []
+            float16_alone: dict[str, float] = {}
+
+            def fewest(alone_db: dict[str, float], option: str) -> list[str]:
+                """The shortest prefix of ``weighted`` by noise per byte (``alone_db``) that, set as
+                ``option``, reaches the target and margin (every layer float), by bisection."""
+                nonlocal steps
+                order = sorted(weighted, key=lambda layer: -_noise_power(alone_db[layer]) / max(sizes[layer], 1))
+                low, high = 0, len(order)  # order[:low] misses, order[:high] (all: float32 weights) holds
+                while high - low > 1:
+                    middle = (low + high) // 2
+                    options[option] = order[:middle]
+                    steps += 1
+                    if attempt(everything)[1] >= min_sqnr + WEIGHT_MARGIN_DB:
+                        high = middle
+                    else:
+                        low = middle
+                options[option] = order[:high]
+                return order[:high]
+
+            if float16_db < min_sqnr + WEIGHT_MARGIN_DB:
+                for layer in weighted:
+                    options["exact_float32_weights"] = [other for other in weighted if other != layer]
+                    float16_alone[layer] = attempt(everything)[1]
+                steps += len(weighted)
+                exact = fewest(float16_alone, "exact_float32_weights")
+            whole = fewest(alone, "float32_weights")
+            exact = [layer for layer in exact if layer in whole]
+            stored = ("stored as float16 where float16 holds them" if not float16_alone else
+                      f"stored as float16 but for {len(exact)} whose float16 values alone cost the most "
+                      "output noise per byte: float16 values of every weight miss the target and margin")
+            reasons.append({"layers": whole, "stored_as": "float16", "exact_float32": exact,
+                            **({"float16_weights_alone_db": {layer: _rounded_db(float16_alone[layer]) for layer in exact}}
+                               if float16_alone else {}),
                             "int8_weights_alone_db": {layer: _rounded_db(alone[layer]) for layer in whole},
                             "reason": f"float32 weights: with int8 weights every layer float reaches "
                                       f"{_rounded_db(ceiling)} dB, less than {WEIGHT_MARGIN_DB:g} dB over the "
@@ -367,6 +386,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     summary["mixed_precision"] = {"min_sqnr_db": min_sqnr, "sqnr_db": _rounded_db(score), "met": score >= min_sqnr,
                                   "int8_sqnr_db": _rounded_db(first), "samples": len(feeds), "steps": steps,
                                   "float_weights": float_weights, "float32_weight_layers": len(whole),
+                                  "exact_float32_weight_layers": len(exact),
                                   **({} if ceiling is None else {"int8_weights_ceiling_db": _rounded_db(ceiling)}),
                                   **({} if float16_db is None else {"float16_weights_db": _rounded_db(float16_db)}),
                                   "float_layers": len(kept), "quantized_layers": int(summary.get("layers", 0)),

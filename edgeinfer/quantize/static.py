@@ -202,7 +202,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
                     bias_correction_feeds: Sequence[Feeds] | None = None, backend: str | None = None,
                     correct_zero_biases: bool = False, sequential_correction: bool = True,
                     float_weights: str = "float32", float32_weights: Iterable[str] = (),
-                    float32_weights_as: str = "float32") -> Model:
+                    float32_weights_as: str = "float32", exact_float32_weights: Iterable[str] = ()) -> Model:
     """The QDQ int8 model of ``model`` with ranges from ``calibration`` by ``method``;
     ``reduce_range``: 7-bit weights (see ``edgeinfer.quantize.quantize``).
 
@@ -220,7 +220,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     never quantized (``recurrent_layers``; one scale per gate row). Those also in
     ``float32_weights`` keep float32 weights, stored
     as float16 with ``float32_weights_as="float16"`` where float16 holds a weight to
-    ``FLOAT16_MIN_DB`` (``float16_float_weights``: half the bytes, the same float32 compute). The
+    ``FLOAT16_MIN_DB`` (``float16_float_weights``: half the bytes, the same float32 compute)
+    and the layer is not in ``exact_float32_weights`` (kept float32 even then). The
     float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
     input channel means calibration recorded (``bias_correction.rounding_corrected``; a
     calibration without them, ``input_means={}``, corrects nothing), and is then stored as
@@ -249,11 +250,12 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     if whole is not None:
         kept_float = options.exclude | frozenset(recurrent_layers(graph))
         graph, rounded = int8_float_weights(graph, kept_float - whole)
+        exact = _layer_names(frozenset(exact_float32_weights), graph, _graph_of(model)) & whole
         if float32_weights_as == "float16":
-            graph, narrowed = float16_float_weights(graph, kept_float & whole)
+            graph, narrowed = float16_float_weights(graph, (kept_float & whole) - exact)
         graph, rounding_corrections = rounding_corrected(graph, calibration.graph, rounded, calibration.input_means)
         # float16 biases where the weights are int8 or float16 values, after the rounding correction
-        narrow_weights = kept_float - whole if float32_weights_as == "float32" else kept_float
+        narrow_weights = kept_float - whole if float32_weights_as == "float32" else kept_float - exact
         graph, narrowed_biases = float16_float_biases(graph, narrow_weights)
     corrected: list | None = None
     if bias_correction:

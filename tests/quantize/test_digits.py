@@ -266,10 +266,11 @@ def test_layers_kept_float_keep_int8_stored_weights(fp32, calibration, digits, t
     assert _accuracy(loaded, digits, "numpy") == pytest.approx(_accuracy(fp32, digits, "numpy"), abs=0.5)
 
 
-def test_wide_weights_stay_float32_where_float16_values_miss_the_target(fp32, calibration, digits):
+def test_wide_weights_keep_exact_float32_only_where_float16_alone_costs_most(fp32, calibration, digits):
     """Where float16 values of every weight (every layer float) fall short of the target and
-    margin, the network is that sensitive: the layers the search keeps wide keep float32 values,
-    and the target holds with them."""
+    margin, the search measures each layer's float16 weights alone (every other weight exact)
+    and keeps exact float32 weights in the fewest layers whose float16 values cost most output
+    noise per byte; the other wide layers store float16, and the target holds."""
     from edgeinfer.ir.weights import stored_weights
     from edgeinfer.quantize.guard import output_quality
     from edgeinfer.quantize.sensitivity import WEIGHT_MARGIN_DB, quantize_to_sqnr
@@ -278,22 +279,34 @@ def test_wide_weights_stay_float32_where_float16_values_miss_the_target(fp32, ca
     feeds = [{"image": batch} for batch in _batches(digits.train_x)[:4]]
     calibration = replace(calibration, input_means={})
     everything = quantizable_layers(calibration)
-    halves = quantize_static(fp32, calibration, exclude=everything, float_weights="int8",
-                             float32_weights=weighted_layers(calibration.graph), float32_weights_as="float16")
-    float16_db = output_quality(fp32.graph, halves.graph, feeds)[0].sqnr_db
+    weighted = weighted_layers(calibration.graph)
+
+    def weights_only_sqnr(exact) -> float:
+        model = quantize_static(fp32, calibration, exclude=everything, float_weights="int8", float32_weights=weighted,
+                                float32_weights_as="float16", exact_float32_weights=exact)
+        return output_quality(fp32.graph, model.graph, feeds)[0].sqnr_db
+
+    float16_db = weights_only_sqnr([])
     target = float16_db - WEIGHT_MARGIN_DB + 1.0  # float16 values everywhere: 1 dB short of target and margin
     result = quantize_to_sqnr(fp32, calibration, target, feeds=feeds, method="mse")
     assert result.within_budget and output_quality(fp32.graph, result.model.graph, feeds)[0].sqnr_db >= target
     record = json.loads(result.model.metadata["quantization"])["mixed_precision"]
     assert record["float16_weights_db"] == pytest.approx(float16_db, abs=0.01)  # what the search measured
     chosen = next(r for r in record["reasons"] if r["reason"].startswith("float32 weights"))
-    assert chosen["stored_as"] == "float32" and chosen["layers"]
+    exact = chosen["exact_float32"]
+    assert exact and set(exact) <= set(chosen["layers"]) and record["exact_float32_weight_layers"] == len(exact)
+    for layer, db in chosen["float16_weights_alone_db"].items():  # each measured as the search did
+        assert db == pytest.approx(weights_only_sqnr([other for other in weighted if other != layer]), abs=0.01)
     original = calibration.graph.initializers
+    narrow = stored_weights(result.model.graph.metadata)
     nodes = {n.name or n.outputs[0]: n for n in result.model.graph.nodes}
-    for layer in chosen["layers"]:
+    for layer in set(chosen["layers"]) & set(result.kept_float):
         name = nodes[layer].inputs[1]
-        assert np.array_equal(result.model.graph.initializers[name], original[name])
-        assert name not in stored_weights(result.model.graph.metadata)
+        got = result.model.graph.initializers[name]
+        if layer in exact:  # exact float32 values, stored so
+            assert np.array_equal(got, original[name]) and name not in narrow
+        else:
+            assert np.array_equal(got, original[name].astype(np.float16).astype(np.float32)) and name in narrow
 
 
 def test_min_sqnr_quantizes_again_the_float_layers_it_does_not_need(fp32, calibration, digits):
