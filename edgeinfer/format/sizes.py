@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.format.document import TAG, DocumentReader
@@ -32,6 +32,9 @@ class SizeBreakdown:
     tensor_counts: dict[str, int]  # dtype -> number of stored tensors (str: elements in the document)
     references: int  # tensor references in the graph: initializers and tensor attributes
     derived: int = 0  # product entries (version 3): tensors computed on load, no bytes stored
+    # top-graph initializer name -> the bytes its tensor takes in the file (0 for a product, and
+    # for a name whose tensor an earlier name already holds: each stored tensor is counted once)
+    initializer_bytes: dict[str, int] = field(default_factory=dict)
 
     @property
     def tensors(self) -> int:
@@ -75,6 +78,7 @@ def size_breakdown(path: str | os.PathLike) -> SizeBreakdown:
     tensor_bytes: Counter[str] = Counter()
     tensor_counts: Counter[str] = Counter()
     derived = 0
+    stored_bytes: dict[int, int] = {}
     for index, entry in enumerate(reader.array(document["tensors"], "document.tensors")):
         entry = reader.fields(entry, f"document.tensors[{index}]", ("dtype", "shape"))
         dtype = reader.string(entry.get("stored", entry["dtype"]), f"document.tensors[{index}].dtype")
@@ -83,14 +87,28 @@ def size_breakdown(path: str | os.PathLike) -> SizeBreakdown:
             continue
         tensor_counts[dtype] += 1
         if "nbytes" in entry:
-            tensor_bytes[dtype] += reader.integer(entry["nbytes"], f"document.tensors[{index}].nbytes",
-                                                  maximum=header.data_length)
+            stored_bytes[index] = reader.integer(entry["nbytes"], f"document.tensors[{index}].nbytes",
+                                                 maximum=header.data_length)
+            tensor_bytes[dtype] += stored_bytes[index]
     stored = sum(tensor_bytes.values())
     return SizeBreakdown(
         total=total, version=(header.major, header.minor), header=HEADER_SIZE, document=header.json_length,
         document_json=len(raw), padding=header.data_offset - HEADER_SIZE - header.json_length
         + header.data_length - stored, tensor_bytes=dict(tensor_bytes), tensor_counts=dict(tensor_counts),
-        references=_references(document["graph"]), derived=derived)
+        references=_references(document["graph"]), derived=derived,
+        initializer_bytes=_initializer_bytes(document["graph"], stored_bytes))
+
+
+def _initializer_bytes(graph: Any, stored_bytes: dict[int, int]) -> dict[str, int]:
+    """Stored bytes per top-graph initializer name, each tensor counted at its first name."""
+    out: dict[str, int] = {}
+    counted: set[int] = set()
+    for item in (graph.get("initializers") or ()) if isinstance(graph, dict) else ():
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("tensor"), int):
+            index = item["tensor"]
+            out[item["name"]] = 0 if index in counted else stored_bytes.get(index, 0)
+            counted.add(index)
+    return out
 
 
 def _references(graph: Any) -> int:

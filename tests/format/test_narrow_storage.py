@@ -11,6 +11,7 @@ import pytest
 import edgeinfer as ei
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.format.eim import NARROW_MAX_BYTES, narrowed
+from edgeinfer.format.sizes import size_breakdown
 from edgeinfer.ir.weights import with_weight_products
 
 
@@ -53,6 +54,10 @@ def test_exact_narrow_tensors_are_stored_narrow_and_read_back_bit_identical(tmp_
     for name, stored in STORED.items():
         assert entries[name]["dtype"] == str(arrays[name].dtype)
         assert entries[name]["nbytes"] == arrays[name].size * np.dtype(stored).itemsize
+    breakdown = size_breakdown(path)  # counts the bytes as stored
+    assert {name: breakdown.initializer_bytes[name] for name in STORED} == {
+        name: arrays[name].size * np.dtype(kind).itemsize for name, kind in STORED.items()}
+    assert breakdown.initializer_bytes["b_scale"] == 0 and breakdown.tensor_bytes["float16"] == 64 * 2
     loaded = ei.load(path)
     assert loaded.graph.content_hash() == model.graph.content_hash()
     for name, want in arrays.items():

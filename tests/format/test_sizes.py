@@ -38,6 +38,9 @@ def test_the_parts_add_up_to_the_file(mixed_path, eim_file):
     assert breakdown.total == mixed_path.stat().st_size
     assert breakdown.header == HEADER_SIZE and breakdown.document == parsed.json_length
     assert breakdown.document_json == len(parsed.text)
+    # per initializer: its tensor's stored bytes, a shared tensor counted at its first name only
+    assert breakdown.initializer_bytes == {"w": 1024, "q": 200, "scale": 4, "zp": 10, "zp2": 0, "names": 0}
+    assert sum(breakdown.initializer_bytes.values()) == breakdown.tensors
     assert breakdown.padding == parsed.data_offset - HEADER_SIZE - parsed.json_length + parsed.data_length \
         - sum(want_bytes.values())
     assert breakdown.tensors + breakdown.header + breakdown.document + breakdown.padding == breakdown.total
