@@ -22,7 +22,9 @@ writes ``T``. Weight scales are raised where a bias would overflow int32 with
 ``x_scale * w_scale`` (the adjustment TFLite and onnxruntime make), and to ``SCALE_FLOOR``
 (and ``SCALE_FLOOR / x_scale`` for a bias's sake): a channel of near-zero weights would
 otherwise get a subnormal scale (2.55e-42 on a PP-OCR recognizer) whose reciprocal overflows.
-Such a channel's weights round to 0 either way.
+Such a channel's weights round to 0 either way. Every weight scale is then rounded up onto the
+float16 grid (``ir.weights.float16_grid_scale``: a step at most 2**-11 coarser), which the
+``.eim`` (version 3.2) stores in 2 bytes where a bias's scale product reads it.
 """
 
 from __future__ import annotations

@@ -342,8 +342,9 @@ def float16_float_biases(graph: Graph, layers: frozenset[str]) -> tuple[Graph, l
     """``graph`` with the constant float32 biases (input 2) of the Conv/ConvTranspose/Gemm nodes
     among ``layers`` rounded to float16 values and declared float16-stored, where only such
     nodes read them and float16 holds them (as ``float16_float_weights``); and their names.
-    A float layer whose weights are int8 or float16 values gains nothing from a float32 bias:
-    a relative change under 2**-11 of the bias alone."""
+    Each bias moves by under 2**-11 of itself; where a large bias cancels large input means (the
+    world-landmark Gemm of MediaPipe's hand landmarks) that still shows at the output, which is
+    why the mixed-precision search measures every candidate with them."""
     names = set()
     for node in graph.nodes:
         if layer_name(node) not in layers or node.domain or node.op_type not in _BIAS_OPS or len(node.inputs) < 3:
@@ -368,7 +369,7 @@ def _float16_stored(graph: Graph, names) -> tuple[Graph, list[str]]:
 
     inits = graph.initializers
     narrowed = {}
-    for name in names:
+    for name in sorted(names):
         weight = inits[name]
         with np.errstate(over="ignore"):
             narrow = weight.astype(np.float16).astype(np.float32)
