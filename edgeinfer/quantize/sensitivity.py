@@ -295,7 +295,7 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
             # target and margin, the network is that sensitive (RapidOCR's orientation classifier:
             # 34.5 dB on its search samples; recorded as float16_weights_db), and the layers whose
             # float16 weights alone cost most output noise per byte keep exact float32 weights
-            # (its first, smallest convolutions): the fewest of them, in that order, by bisection
+            # (one of its 38 wide layers): the fewest of them, in that order, by bisection
             options["float32_weights"] = weighted
             options["float32_weights_as"] = "float16"
             float16_db = attempt(everything)[1]
