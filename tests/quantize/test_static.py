@@ -299,7 +299,7 @@ def test_weight_scales_lie_on_the_float16_grid_and_the_file_stores_scales_and_bi
     for node in weights:
         codes, scale = q.initializers[node.inputs[0]], q.initializers[node.inputs[1]]
         assert np.array_equal(scale.astype(np.float16).astype(np.float32), scale)
-        assert np.abs(codes).max() == 127  # every channel's largest weight still takes the extreme code
+        assert np.abs(codes).max() == 127  # the largest weight still takes the extreme code
     path = tmp_path / "int8.eim"
     int8.save(path)
     entries = _stored_entries(path)
