@@ -151,9 +151,9 @@ def _eim_bytes(model: ei.Model, folder: Path, name: str) -> int:
 
 
 def _float_record(model: ei.Model) -> dict[str, Any]:
-    """The layers kept float, and for a mixed-precision search how many keep float32 weights (of
-    them how many exact float32, not float16 values) and what int8 weights alone and float16 values of every weight reached (every layer float), from
-    the model's metadata."""
+    """The layers kept float, and for a mixed-precision search how many keep wide weights (of them
+    how many exact float32, not float16 values) and what int8 weights alone and float16 values of
+    every weight reached (every layer float), from the model's metadata."""
     summary = json.loads(model.metadata.get("quantization", "{}"))
     search = summary.get("mixed_precision", {})
     return {"float_layers": int(search.get("float_layers", len(summary.get("excluded", [])))),

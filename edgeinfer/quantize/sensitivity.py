@@ -247,9 +247,10 @@ def quantize_to_sqnr(model: Model, calibration: Calibration, min_sqnr: float, *,
     layer's int8 weights (an LSTM/GRU/RNN's too: never quantized, int8-stored) are measured alone
     (one step per layer), and the fewest layers whose
     weights cost the most output noise per byte keep float32 weights (bisection over that order),
-    stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB`` (float32 where float16
-    values of every wide weight, every layer float, miss the target and margin; every step measures
-    with those values).
+    stored as float16 where float16 holds them to ``static.FLOAT16_MIN_DB``. Where float16 values
+    of every wide weight (every layer float) miss the target and margin, each layer's float16
+    weights are measured alone too, and the fewest layers whose float16 values cost the most noise
+    per byte keep exact float32 weights (the same bisection). Every step measures with those values.
     The graph-order rule before it gave every layer of the digits CNN float32 weights, whose
     loudest weights are its last layer's (``tests/quantize/test_digits.py`` checks the order and
     that fewer than all layers are chosen)."""

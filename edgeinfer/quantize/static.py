@@ -31,7 +31,7 @@ from edgeinfer.ir import EDGEINFER_DOMAIN, Graph
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 from edgeinfer.passes.rules import rebuild
-from edgeinfer.quantize.bias_correction import ROUNDING_CORRECTED, rounding_corrected
+from edgeinfer.quantize.bias_correction import CORRECTED_OPS, ROUNDING_CORRECTED, rounding_corrected
 from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source, sample_count
 from edgeinfer.quantize.guard import HOLD_OUT_EVERY, MAX_HELD_OUT, MIN_FOR_HOLD_OUT
@@ -347,18 +347,16 @@ def float16_float_biases(graph: Graph, layers: frozenset[str]) -> tuple[Graph, l
     why the mixed-precision search measures every candidate with them."""
     names = set()
     for node in graph.nodes:
-        if layer_name(node) not in layers or node.domain or node.op_type not in _BIAS_OPS or len(node.inputs) < 3:
+        if layer_name(node) not in layers or node.domain or node.op_type not in CORRECTED_OPS or len(node.inputs) < 3:
             continue
         bias = graph.values.get(node.inputs[2])
         if (bias is None or bias.const is None or bias.const.dtype != np.float32
-                or any(layer_name(user) not in layers or user.op_type not in _BIAS_OPS or at != 2
+                or any(layer_name(user) not in layers or user.op_type not in CORRECTED_OPS or at != 2
                        for user, at in bias.uses)):
             continue
         names.add(bias.name)
     return _float16_stored(graph, names)
 
-
-_BIAS_OPS = frozenset({"Conv", "ConvTranspose", "Gemm"})
 
 
 def _float16_stored(graph: Graph, names) -> tuple[Graph, list[str]]:

@@ -326,8 +326,7 @@ def _ddddocr_charset() -> list[str]:
 def test_ddddocr_reads_the_captchas_its_tasks_score_and_finds_their_characters():
     """The ddddocr tasks' inputs are in the models' domain: fp32 reads the drawn text of at
     least 75% of the text captchas exactly and misses at most 5% of the characters (case aside,
-    as ddddocr's charset folds it; measured 34-40 of 40, the misses mostly a first or last
-    character drawn past the edge), and the detector finds at least 80% of the characters scattered over a
+    as ddddocr's charset folds it; the misses mostly a first or last character drawn past the edge), and the detector finds at least 80% of the characters scattered over a
     click captcha (a detection centered in the glyph's box, which has margins)."""
     from real_tasks import _edit_distance, ctc_greedy, yolox_detections
 
