@@ -37,8 +37,9 @@ Version 3.2 (written when it is used) lets a small numeric tensor be stored narr
 dtype where that is exact: ``{"dtype": "int32", "shape", "offset", "nbytes", "stored": "int16"}``
 holds int16 bytes (``nbytes`` counts them, alignment follows them) that the reader widens to
 int32 on load. The writer narrows an integer tensor of at most ``NARROW_MAX_BYTES`` (quantized
-biases, shape constants) and a float32 operand of a product (the scales of int8-stored weights
-and of quantized biases, which the quantizer puts on the float16 grid) when every value survives
+biases, shape constants) and a float32 operand of a product or scale of a quantization op
+(``SCALE_INPUTS``: the scales of weights, int8-stored or quantized, and of quantized biases,
+which the quantizer puts on the float16 grid) when every value survives
 the round trip bit for bit and it saves ``NARROW_MIN_SAVING`` bytes or more (``NARROWINGS``
 lists the pairs). Other float32 tensors keep 4 bytes (a float16-valued weight is stored so only
 when declared, ``weight_storage``), and larger tensors stay views into the map. A 3.1 reader
@@ -108,6 +109,8 @@ NARROW_STORAGE_VERSION = (3, 2)  # written instead when a tensor is stored narro
 READABLE_MINOR = {1: 0, 2: 0, 3: 2}  # major version this reader reads -> the newest minor it knows
 # dtype -> the narrower dtypes it may be stored as (version 3.2), narrowest first
 NARROWINGS = {"float32": ("float16",), "int32": ("int8", "int16"), "int64": ("int8", "int16", "int32")}
+# the inputs of the quantization ops that are scales: a float32 one may be stored as float16 where exact
+SCALE_INPUTS = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv": (1, 4, 6), "QLinearMatMul": (1, 4, 6)}
 NARROW_MAX_BYTES = 64 << 10  # larger tensors are stored as they are: memory-mapped, never copied
 NARROW_MIN_SAVING = 8  # bytes; below, the entry's "stored" field costs about what narrowing saves
 FORMAT_NAME = "edgeinfer-model"
@@ -159,7 +162,7 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
     try:
         graph_doc = graph_to_document(model.graph, table)
         products = _products(model.graph, graph_doc, table.arrays, table.int8_products)
-        entries, numeric, data_length = _layout(table.arrays, products)
+        entries, numeric, data_length = _layout(table.arrays, products, _quantization_scales(model.graph, graph_doc))
         metadata = metadata_to_document(model.metadata, "model metadata")
     except ModelFormatError as exc:
         raise ModelFormatError(f"{os.fspath(path)}: {exc}") from None
@@ -234,17 +237,28 @@ def _products(graph: Any, graph_doc: dict[str, Any], arrays: list[np.ndarray],
     return {index: pair for index, pair in found.items() if pair[0] not in found and pair[1] not in found}
 
 
+def _quantization_scales(graph: Any, graph_doc: dict[str, Any]) -> set[int]:
+    """Table indices of the top graph's initializers that a quantization op reads as a scale
+    (``SCALE_INPUTS``). The quantizer puts weight scales on the float16 grid
+    (``ir.weights.float16_grid_scale``), so they take 2 bytes whether a bias's scale product reads
+    them too or not (a layer without a bias); an activation's scale seldom lies on the grid."""
+    refs = {item["name"]: item["tensor"] for item in graph_doc["initializers"]}
+    return {refs[node.inputs[i]] for node in graph.nodes if not node.domain
+            for i in SCALE_INPUTS.get(node.op_type, ()) if i < len(node.inputs) and node.inputs[i] in refs}
+
+
 def _layout(arrays: list[np.ndarray], products: dict[int, tuple[int, int]] | None = None,
-            ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]], int]:
+            scales: set[int] | frozenset[int] = frozenset()) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]], int]:
     """Tensor table entries (in table order), (offset, array) of numeric tensors in file order,
-    and the data section length. ``products`` (from ``_products``) become product entries.
+    and the data section length. ``products`` (from ``_products``) become product entries; their
+    operands and ``scales`` (``_quantization_scales``) may be stored as float16 (``narrowed``).
 
     Tensors of 64 bytes or more come first, each at a multiple of 64; the small ones follow,
     packed by decreasing element size so that each lands on a multiple of its own without gaps.
     """
     entries: list[dict[str, Any]] = []
     numeric: list[tuple[int, np.ndarray]] = []
-    operands = {i for pair in (products or {}).values() for i in pair}
+    operands = {i for pair in (products or {}).values() for i in pair} | set(scales)
     for index, array in enumerate(arrays):
         shape = [int(d) for d in array.shape]
         if array.dtype == object or array.dtype.kind in "US":

@@ -24,7 +24,7 @@ writes ``T``. Weight scales are raised where a bias would overflow int32 with
 otherwise get a subnormal scale (2.55e-42 on a PP-OCR recognizer) whose reciprocal overflows.
 Such a channel's weights round to 0 either way. Every weight scale is then rounded up onto the
 float16 grid (``ir.weights.float16_grid_scale``: a step at most 2**-11 coarser), which the
-``.eim`` (version 3.2) stores in 2 bytes where a bias's scale product reads it.
+``.eim`` (version 3.2) stores in 2 bytes, a layer's with a bias or without.
 """
 
 from __future__ import annotations

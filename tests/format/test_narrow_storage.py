@@ -1,6 +1,6 @@
 """Version 3.2 narrow storage: a small tensor whose every value a narrower dtype holds bit for bit
-(an int32 bias within int16, int64 shape constants; a float32 product operand on the float16
-grid, as the quantizer's weight scales are) is stored in it (``{"stored": ...}``) and widened on
+(an int32 bias within int16, int64 shape constants; a float32 product operand or scale of a
+quantization op on the float16 grid, as the quantizer's weight scales are) is stored in it (``{"stored": ...}``) and widened on
 load; anything else keeps its bytes."""
 
 from __future__ import annotations
@@ -92,6 +92,50 @@ def test_narrowed_is_exact_or_returns_the_array_itself(rng):
     assert narrowed(np.arange(8, dtype=np.int64) + 2**31).dtype == np.int64
     assert narrowed(np.arange(8, dtype=np.int64) + 2**15).dtype == np.int32
     assert narrowed(np.arange(8, dtype=np.uint8)).dtype == np.uint8  # no narrower storage for uint8
+
+
+def test_the_scales_quantization_ops_read_are_stored_narrow_where_exact(tmp_path, rng):
+    """A weight's scale that is no product operand (a layer without a bias) is stored as float16
+    where float16 holds it, as are the scales of QLinearConv; an activation's scale off the grid,
+    and a float32 tensor of the same values that no quantization op reads, keep 4 bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    on_grid = (np.abs(rng.standard_normal(8)) / 64).astype(np.float16).astype(np.float32)
+    codes = rng.integers(-127, 128, (8, 3, 3, 3)).astype(np.int8)
+    initializers = {
+        "w_q": codes, "w_scale": on_grid, "w_zero": np.zeros(8, np.int8),
+        "x_scale": np.array(0.0123, np.float32), "x_zero": np.array(128, np.uint8),
+        "y_scale": np.array(0.0456, np.float32), "y_zero": np.array(128, np.uint8),
+        "act_scales": (np.abs(rng.standard_normal(8)) + 0.1).astype(np.float32),  # off the grid
+        "same_values": on_grid.copy() * 2,  # no quantization op reads it
+    }
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], axis=0),
+        helper.make_node("Conv", ["x", "w"], ["conv"]),
+        helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]),
+        helper.make_node("QLinearConv", ["xq", "x_scale", "x_zero", "w_q", "w_scale", "w_zero", "y_scale", "y_zero"], ["yq"]),
+        helper.make_node("DequantizeLinear", ["yq", "y_scale", "y_zero"], ["y"]),
+        helper.make_node("Mul", ["conv", "act_scales"], ["c2"], ),
+        helper.make_node("Unsqueeze", ["same_values", "axes"], ["v"]),
+        helper.make_node("Mul", ["c2", "v"], ["out"]),
+    ]
+    initializers["act_scales"] = initializers["act_scales"].reshape(1, 8, 1, 1)
+    initializers["axes"] = np.array([0, 2, 3], np.int64)
+    graph = helper.make_graph(nodes, "scales", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("out", "y")],
+                              [numpy_helper.from_array(a, n) for n, a in initializers.items()])
+    model = ei.convert(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), optimize=0)
+    path = tmp_path / "scales.eim"
+    model.save(path)
+    stored = {name: size_breakdown(path).initializer_bytes[name] for name in ("w_scale", "act_scales", "same_values")}
+    assert stored == {"w_scale": 8 * 2, "act_scales": 8 * 4, "same_values": 8 * 4}
+    loaded = ei.load(path)
+    assert loaded.graph.content_hash() == model.graph.content_hash()
+    assert np.array_equal(loaded.graph.initializers["w_scale"].view(np.uint32), on_grid.view(np.uint32))
+    x = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32)}
+    want = ei.Session(model, backend="numpy").run(x)
+    got = ei.Session(loaded, backend="numpy").run(x)
+    assert all(np.array_equal(got[name], want[name]) for name in ("out", "y"))
 
 
 def _narrow_file(tmp_path, rng, identity_graph, eim_file):
