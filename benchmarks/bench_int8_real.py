@@ -19,7 +19,9 @@ the layers it kept float; their Conv/Gemm/MatMul weights are int8-stored, float 
 ``mixed_nearest`` the same search on weights rounded to the nearest step, ``mixed_f32`` the
 search with the float layers' weights kept float32, ``mixed_pruned`` the search with
 ``prune=True`` (float layers the target holds without are quantized again), ``cle_mixed`` both
-(``ei.quantize(equalize=True, min_sqnr=...)``: the search runs on the equalized graph), ``bc`` the default method with empirical bias
+(``ei.quantize(equalize=True, min_sqnr=...)``: the search runs on the equalized graph),
+``weights_only`` weight-only INT8 (``ei.quantize(activations="float")``: every layer float on
+GPTQ-rounded int8 weights, fp32's compute), ``bc`` the default method with empirical bias
 correction (``bias_correction=True``, measured on the first ``BIAS_CORRECTION_SAMPLES`` calibration
 samples), ``cle_bc`` equalization then bias correction, ``bc_fast`` its fast variant (the shift
 of weight rounding alone, ``(W_q - W) E[x]``, no sequential runs), ``gptq`` the default method with
@@ -41,7 +43,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned cle_mixed bc cle_bc bc_fast bc_zero gptq input_noise input_rounding ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned weights_only cle_mixed bc cle_bc bc_fast bc_zero gptq input_noise input_rounding ort] [--latency 0] [--sizes] [--json results.json]
 """
 
 from __future__ import annotations
@@ -72,7 +74,13 @@ from edgeinfer.quantize.bias_correction import BIAS_CORRECTION_SAMPLES  # noqa: 
 from edgeinfer.quantize.gptq import GPTQ_SAMPLES, with_gptq_weights  # noqa: E402
 from edgeinfer.quantize.methods import CALIBRATION_METHODS  # noqa: E402
 from edgeinfer.quantize.sensitivity import quantize_to_sqnr  # noqa: E402
-from edgeinfer.quantize.static import DEFAULT_METHOD, calibrate, prepare_graph, quantize_static  # noqa: E402
+from edgeinfer.quantize.static import (  # noqa: E402
+    DEFAULT_METHOD,
+    calibrate,
+    int8_weights_only,
+    prepare_graph,
+    quantize_static,
+)
 
 # min_sqnr of the ``mixed`` variant, measured by the search on calibration samples; what the task
 # metrics need on held-out crops: PP-OCRv4 det: 27.6 dB gave 0.988 text-mask IoU; face detector:
@@ -156,7 +164,7 @@ def _float_record(model: ei.Model) -> dict[str, Any]:
     every weight reached (every layer float), from the model's metadata."""
     summary = json.loads(model.metadata.get("quantization", "{}"))
     search = summary.get("mixed_precision", {})
-    return {"float_layers": int(search.get("float_layers", len(summary.get("excluded", [])))),
+    return {"float_layers": int(search.get("float_layers", summary.get("float_layers", len(summary.get("excluded", []))))),
             "float32_weight_layers": int(search.get("float32_weight_layers", 0)),
             "exact_float32_weight_layers": int(search.get("exact_float32_weight_layers", 0)),
             "int8_weights_ceiling_db": search.get("int8_weights_ceiling_db"),
@@ -240,6 +248,9 @@ def bench_model(task: RealTask, methods: list[str], backends: list[str], per_pho
             measure("mixed_pruned", lambda: searched(fp32, calibration, prune=True))
         if "cle_mixed" in variants:
             measure("cle_mixed", lambda: searched(*equalized_and_calibrated()))
+        if "weights_only" in variants:  # every layer float on int8 weights (activations="float")
+            measure("weights_only", lambda: guarded(int8_weights_only(
+                fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES]), method=DEFAULT_METHOD), calibration))
         if "gptq" in variants:
             measure("gptq", lambda: guarded(quantize_static(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])),
                                             calibration))
@@ -331,7 +342,7 @@ def latency(task: RealTask, rounds: int, per_photo: int = 2) -> dict[str, float]
 
 
 def print_table(results: dict[str, Any], backends: list[str]) -> None:
-    print(f"{'model':<28} {'variant':<10} {'size':>6} {'float':>5}  "
+    print(f"{'model':<28} {'variant':<12} {'size':>6} {'float':>5}  "
           + "  ".join(f"{b + ' metric':>18} {'SQNR':>6}" for b in backends) + "  guard")
     for name, result in results.items():
         task = TASKS[name]
@@ -341,12 +352,12 @@ def print_table(results: dict[str, Any], backends: list[str]) -> None:
                 cell = row.get(backend)
                 cells.append(f"{cell['metric']:>18.4f} {cell['sqnr_db']:>6.1f}" if cell else f"{'-':>18} {'-':>6}")
             guard = "" if row["guard_warned"] is None else ("WARNED" if row["guard_warned"] else "ok")
-            print(f"{name:<28} {variant:<10} {row['size']:>6.3f} {row['float_layers']:>5}  " + "  ".join(cells)
+            print(f"{name:<28} {variant:<12} {row['size']:>6.3f} {row['float_layers']:>5}  " + "  ".join(cells)
                   + f"  {guard}")
         print(f"{'':<28} ({task.metric_name}; target >= {task.target:g}; fp32 = 1 or inf)")
         if task.detail is not None:
             for variant, row in result["variants"].items():
-                print(f"{'':<28} {variant:<10} {task.detail_name}: "
+                print(f"{'':<28} {variant:<12} {task.detail_name}: "
                       + "  ".join(f"{b} {row[b]['detail']:.4f}" for b in backends if row.get(b)))
 
 
@@ -369,7 +380,7 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=sorted(CALIBRATION_METHODS), choices=sorted(CALIBRATION_METHODS))
     parser.add_argument("--backends", nargs="+", default=["onnxruntime", "numpy"],
                         help="also openvino, tflite (a backend that cannot run a variant shows -)")
-    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_nearest", "mixed_f32", "mixed_pruned", "cle_mixed", "bc", "cle_bc", "bc_fast",
+    parser.add_argument("--variants", nargs="*", default=["cle", "mixed", "ort"], choices=["cle", "mixed", "mixed_nearest", "mixed_f32", "mixed_pruned", "weights_only", "cle_mixed", "bc", "cle_bc", "bc_fast",
                                  "bc_zero", "gptq", "input_noise", "input_rounding", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",

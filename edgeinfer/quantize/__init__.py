@@ -23,7 +23,14 @@ from edgeinfer.model import Model
 from edgeinfer.quantize.dynamic import quantize_dynamic
 from edgeinfer.quantize.fp16 import fp16_weights
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
-from edgeinfer.quantize.static import DEFAULT_METHOD, FLOAT_WEIGHTS, Calibration, calibrate, quantize_static
+from edgeinfer.quantize.static import (
+    DEFAULT_METHOD,
+    FLOAT_WEIGHTS,
+    Calibration,
+    calibrate,
+    int8_weights_only,
+    quantize_static,
+)
 
 WEIGHT_ROUNDINGS = ("nearest", "gptq")
 
@@ -61,6 +68,17 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
     percent, or a callable ``model -> metric``), the most sensitive layers stay float until
     the metric is within the budget of fp32 (static mode).
+
+    ``activations="float"`` (static int8): weight-only INT8 for any network
+    (``static.int8_weights_only``): every layer float, every Conv/ConvTranspose/Gemm/MatMul
+    weight int8 with one scale per output channel (GPTQ-rounded on the calibration samples by
+    default), its bias corrected for the rounding's mean shift and stored as float16 values, as
+    are PReLU slopes; about a quarter of the float32 file, the float model's compute and speed.
+    The layers in ``exclude`` keep float32 weights. Where INT8 activations cost a task too much
+    and its file must stay small (RapidOCR's orientation classifier: 0.28x fp32 for an
+    orientation probability within 1% of fp32's, ``benchmarks/bench_int8_real.py --variants
+    weights_only``). Not with ``min_sqnr``, ``max_accuracy_drop``, ``bias_correction`` or
+    ``quantize_outputs`` (no activation is quantized).
 
     ``reduce_range=True`` (static and dynamic int8) stores 7-bit weights (-63..63) in int8: the
     trade of speed for accuracy on x86 CPUs without VNNI. There onnxruntime's fast uint8 x int8
@@ -126,6 +144,16 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     if float_weights is not None and (float_weights not in FLOAT_WEIGHTS or mode != "static" or weights != "int8"):
         raise InputError(f"float_weights={float_weights!r}: expected one of {FLOAT_WEIGHTS}, with static int8 "
                          f"quantization (got mode={mode!r}, weights={weights!r})")
+    weights_only = activations == "float"
+    if weights_only and (mode != "static" or weights != "int8" or min_sqnr is not None or max_accuracy_drop is not None
+                         or bias_correction or quantize_outputs or float_weights == "float32"):
+        raise InputError("activations='float' is weight-only static int8 (every layer float on int8 weights): "
+                         f"expected mode='static', weights='int8' and no min_sqnr, max_accuracy_drop, bias_correction, "
+                         f"quantize_outputs or float_weights='float32'; got mode={mode!r}, weights={weights!r}"
+                         + "".join(f", {name}={value!r}" for name, value in (
+                             ("min_sqnr", min_sqnr), ("max_accuracy_drop", max_accuracy_drop),
+                             ("bias_correction", bias_correction), ("quantize_outputs", quantize_outputs),
+                             ("float_weights", float_weights)) if value not in (None, False, "int8")))
     if weights == "fp16":
         return fp16_weights(model)
     if weights == "int4" or mode == "weight_only":
@@ -149,7 +177,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     searched = min_sqnr is not None or max_accuracy_drop is not None
     reference = calibration  # the guard's: its graph is the float model
     if weight_rounding is None:
-        weight_rounding = "gptq" if min_sqnr is not None and per_channel else "nearest"
+        weight_rounding = "gptq" if (min_sqnr is not None or weights_only) and per_channel else "nearest"
     if weight_rounding == "gptq":
         if not per_channel:
             raise InputError("weight_rounding='gptq' rounds on one scale per output channel: expected "
@@ -159,6 +187,8 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         calibration = with_gptq_weights(calibration, calibration_feeds(
             calibration, calibration_data, min(GPTQ_SAMPLES, calibration.samples), **source),
             backend=backend, reduce_range=reduce_range)
+    if weights_only:
+        return guarded(int8_weights_only(model, calibration, float32_weights=exclude, method=method), reference, backend)
     float_weights = float_weights or ("int8" if searched else "float32")
     if bias_correction and searched:
         raise InputError("bias_correction applies to plain static quantization, not with min_sqnr or max_accuracy_drop")

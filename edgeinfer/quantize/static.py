@@ -225,7 +225,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     float bias of such a Conv/Gemm loses the mean shift the rounding adds to its output, from the
     input channel means calibration recorded (``bias_correction.rounding_corrected``; a
     calibration without them, ``input_means={}``, corrects nothing), and is then stored as
-    float16 values where its weights are int8 or float16 ones (``float16_float_biases``)."""
+    float16 values where its weights are int8 or float16 ones (``float16_float_biases``), as are
+    the slopes of the PRelu layers that compute in float (``float16_float_slopes``)."""
     if method not in CALIBRATION_METHODS:
         raise InputError(f"calibration method {method!r}: expected one of {sorted(CALIBRATION_METHODS)}")
     if float_weights not in FLOAT_WEIGHTS:
@@ -247,6 +248,7 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     rounding_corrections: list[str] = []
     narrowed: list[str] = []
     narrowed_biases: list[str] = []
+    narrowed_slopes: list[str] = []
     if whole is not None:
         kept_float = options.exclude | frozenset(recurrent_layers(graph))
         graph, rounded = int8_float_weights(graph, kept_float - whole)
@@ -257,6 +259,10 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
         # float16 biases where the weights are int8 or float16 values, after the rounding correction
         narrow_weights = kept_float - whole if float32_weights_as == "float32" else kept_float - exact
         graph, narrowed_biases = float16_float_biases(graph, narrow_weights)
+        # the PRelu layers computing in float: kept float, or never quantized (the plan leaves them)
+        computed_in_float = frozenset(layer_name(n) for n in graph.nodes) - frozenset(
+            plan_quantization(graph, ranges, options).layers)
+        graph, narrowed_slopes = float16_float_slopes(graph, computed_in_float)
     corrected: list | None = None
     if bias_correction:
         from edgeinfer.quantize.bias_correction import correct_biases
@@ -284,6 +290,8 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
         summary["float16_stored_weights"] = len(narrowed)
     if narrowed_biases:
         summary["float16_stored_biases"] = len(narrowed_biases)
+    if narrowed_slopes:
+        summary["float16_stored_slopes"] = len(narrowed_slopes)
     if corrected is not None:
         summary["bias_correction"] = {"layers": len(corrected), "samples": samples_used,
                                       "waves": 1 + max((c.wave for c in corrected), default=-1),
@@ -293,6 +301,32 @@ def quantize_static(model: Model | Graph, calibration: Calibration, *, method: s
     metadata = dict(source.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)
     return Model(quantized, metadata)
+
+
+def int8_weights_only(model: Model | Graph, calibration: Calibration, *, float32_weights: Iterable[str] = (),
+                      method: str = DEFAULT_METHOD) -> Model:
+    """Weight-only INT8 for any network: every layer float, every Conv/ConvTranspose/Gemm/MatMul
+    weight (an LSTM/GRU/RNN's too) rounded to int8 with one scale per output channel and stored
+    so (``float_weights="int8"``: about a quarter of the float32 bytes), the float layers'
+    biases and PReLU slopes as float16 values; the compute and its speed are the float model's.
+    ``calibration`` rounds the weights (GPTQ where it was made by ``gptq.with_gptq_weights``) and
+    gives the input means that correct each bias for its rounding; ``float32_weights`` keep
+    float32 weights. The summary says ``"activations": "float"`` and counts the float layers
+    (``float_layers``) rather than naming them. The best output SQNR int8
+    weights allow (the mixed-precision search's ``int8_weights_ceiling_db``): where it is enough
+    for a task, the smallest file that keeps it."""
+    everything = set(quantizable_layers(calibration)) | set(weighted_layers(calibration.graph)) \
+        | set(recurrent_layers(calibration.graph))
+    quantized = quantize_static(model, calibration, method=method, exclude=sorted(everything), float_weights="int8",
+                                float32_weights=float32_weights)
+    summary = json.loads(quantized.metadata["quantization"])
+    # every layer is float: their count, not every name (a small model's file would carry them)
+    summary.update(activations="float", float_layers=len(summary.pop("excluded")),
+                   float32_weights=sorted(_layer_names(frozenset(float32_weights), calibration.graph, _graph_of(model))))
+    text = json.dumps(summary, sort_keys=True)
+    graph = quantized.graph
+    graph.metadata = {**graph.metadata, "quantization": text}
+    return Model(graph, {**quantized.metadata, "quantization": text})
 
 
 def with_weights_of(graph: Graph, reference: Graph, layers: frozenset[str]) -> Graph:
@@ -355,6 +389,24 @@ def float16_float_biases(graph: Graph, layers: frozenset[str]) -> tuple[Graph, l
                        for user, at in bias.uses)):
             continue
         names.add(bias.name)
+    return _float16_stored(graph, names)
+
+
+def float16_float_slopes(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:
+    """``graph`` with the constant float32 slopes (input 1) of the PRelu nodes among ``layers``
+    rounded to float16 values and declared float16-stored, where only such nodes read them and
+    float16 holds them; and their names. A negative input's output moves by under 2**-11 of
+    itself, a rounding the float layers' int8 weights dwarf; the search measures it with them."""
+    names = set()
+    for node in graph.nodes:
+        if layer_name(node) not in layers or node.domain or node.op_type != "PRelu":
+            continue
+        slope = graph.values.get(node.inputs[1])
+        if (slope is None or slope.const is None or slope.const.dtype != np.float32
+                or any(layer_name(user) not in layers or user.op_type != "PRelu" or at != 1
+                       for user, at in slope.uses)):
+            continue
+        names.add(slope.name)
     return _float16_stored(graph, names)
 
 
