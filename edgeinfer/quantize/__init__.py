@@ -77,8 +77,9 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     The layers in ``exclude`` keep float32 weights. Where INT8 activations cost a task too much
     and its file must stay small (RapidOCR's orientation classifier: 0.28x fp32 for an
     orientation probability within 1% of fp32's, ``benchmarks/bench_int8_real.py --variants
-    weights_only``). Not with ``min_sqnr``, ``max_accuracy_drop``, ``bias_correction`` or
-    ``quantize_outputs`` (no activation is quantized).
+    weights_only``). Not with ``min_sqnr``, ``max_accuracy_drop``, ``bias_correction``,
+    ``quantize_outputs`` (no activation is quantized), ``reduce_range`` (no integer kernel to
+    spare) or ``per_channel=False``.
 
     ``reduce_range=True`` (static and dynamic int8) stores 7-bit weights (-63..63) in int8: the
     trade of speed for accuracy on x86 CPUs without VNNI. There onnxruntime's fast uint8 x int8
@@ -145,15 +146,19 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
         raise InputError(f"float_weights={float_weights!r}: expected one of {FLOAT_WEIGHTS}, with static int8 "
                          f"quantization (got mode={mode!r}, weights={weights!r})")
     weights_only = activations == "float"
-    if weights_only and (mode != "static" or weights != "int8" or min_sqnr is not None or max_accuracy_drop is not None
-                         or bias_correction or quantize_outputs or float_weights == "float32"):
-        raise InputError("activations='float' is weight-only static int8 (every layer float on int8 weights): "
-                         f"expected mode='static', weights='int8' and no min_sqnr, max_accuracy_drop, bias_correction, "
-                         f"quantize_outputs or float_weights='float32'; got mode={mode!r}, weights={weights!r}"
-                         + "".join(f", {name}={value!r}" for name, value in (
-                             ("min_sqnr", min_sqnr), ("max_accuracy_drop", max_accuracy_drop),
-                             ("bias_correction", bias_correction), ("quantize_outputs", quantize_outputs),
-                             ("float_weights", float_weights)) if value not in (None, False, "int8")))
+    if weights_only:
+        conflicts = {name: value for name, value, given in (
+            ("min_sqnr", min_sqnr, min_sqnr is not None),
+            ("max_accuracy_drop", max_accuracy_drop, max_accuracy_drop is not None),
+            ("bias_correction", bias_correction, bias_correction), ("quantize_outputs", quantize_outputs, quantize_outputs),
+            ("reduce_range", reduce_range, reduce_range), ("float_weights", float_weights, float_weights == "float32"),
+            ("per_channel", per_channel, not per_channel)) if given}
+        if mode != "static" or weights != "int8" or conflicts:
+            raise InputError("activations='float' is weight-only static int8 (every layer float on int8 weights, one "
+                             "scale per output channel): expected mode='static', weights='int8' and none of min_sqnr, "
+                             "max_accuracy_drop, bias_correction, quantize_outputs, reduce_range, "
+                             f"float_weights='float32', per_channel=False; got mode={mode!r}, weights={weights!r}"
+                             + "".join(f", {name}={value!r}" for name, value in conflicts.items()))
     if weights == "fp16":
         return fp16_weights(model)
     if weights == "int4" or mode == "weight_only":

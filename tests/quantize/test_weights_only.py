@@ -117,12 +117,16 @@ def test_excluded_layers_keep_float32_weights(net):
     assert _sqnr(fp32, q, held_out, "numpy") > 35
 
 
-@pytest.mark.parametrize("options", [{"min_sqnr": 30.0}, {"bias_correction": True}, {"mode": "dynamic"},
-                                     {"float_weights": "float32"}, {"quantize_outputs": True}])
-def test_weight_only_int8_refuses_what_quantizes_activations(net, options):
+@pytest.mark.parametrize("options, found", [
+    ({"min_sqnr": 0.0}, "min_sqnr=0.0"), ({"bias_correction": True}, "bias_correction=True"),
+    ({"mode": "dynamic"}, "mode='dynamic'"), ({"float_weights": "float32"}, "float_weights='float32'"),
+    ({"quantize_outputs": True}, "quantize_outputs=True"), ({"reduce_range": True}, "reduce_range=True"),
+    ({"per_channel": False}, "per_channel=False")])
+def test_weight_only_int8_refuses_what_quantizes_activations(net, options, found):
     fp32, samples, _ = net
-    with pytest.raises(InputError, match="activations='float' is weight-only static int8"):
+    with pytest.raises(InputError, match="activations='float' is weight-only static int8") as refused:
         quantize(fp32, samples, activations="float", **options)
+    assert found in str(refused.value).split("; got ")[1]
 
 
 def test_the_command_line_writes_weight_only_int8_and_says_so(net, tmp_path):
