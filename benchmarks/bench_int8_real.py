@@ -317,8 +317,8 @@ def size_rows(task: RealTask) -> dict[str, Any]:
 
 
 def latency(task: RealTask, rounds: int, per_photo: int = 2) -> dict[str, float]:
-    """Median ms of fp32, INT8 (the default method) and the ``mixed`` variant on onnxruntime,
-    interleaved."""
+    """Median ms of fp32, INT8 (the default method), the ``mixed`` and the ``weights_only``
+    variants on onnxruntime, interleaved."""
     import functools
 
     import numpy as np
@@ -329,16 +329,19 @@ def latency(task: RealTask, rounds: int, per_photo: int = 2) -> dict[str, float]
     samples = task.calibration(per_photo)
     calibration = calibrate(fp32, samples)
     int8 = quantize_static(fp32, calibration)
-    mixed = quantize_to_sqnr(fp32, with_gptq_weights(calibration, samples[:GPTQ_SAMPLES]), MIXED_TARGET_DB[task.name],
-                             feeds=samples[:SEARCH_SAMPLES], method=DEFAULT_METHOD).model
+    rounded = with_gptq_weights(calibration, samples[:GPTQ_SAMPLES])
+    mixed = quantize_to_sqnr(fp32, rounded, MIXED_TARGET_DB[task.name], feeds=samples[:SEARCH_SAMPLES],
+                             method=DEFAULT_METHOD).model
+    weights_only = int8_weights_only(fp32, rounded)
     feeds = task.held_out(1)[0]
     sessions = {name: ei.Session(model, backend="onnxruntime")
-                for name, model in (("fp32", fp32), ("int8", int8), ("mixed", mixed))}
+                for name, model in (("fp32", fp32), ("int8", int8), ("mixed", mixed), ("weights_only", weights_only))}
     times = time_interleaved({k: functools.partial(s.run, feeds) for k, s in sessions.items()}, rounds=rounds, warmup=2)
     median = {k: float(np.median(v)) * 1000 for k, v in times.items()}
     return {"fp32_ms": round(median["fp32"], 2), "int8_ms": round(median["int8"], 2),
             "int8_over_fp32": round(median["int8"] / median["fp32"], 2), "mixed_ms": round(median["mixed"], 2),
-            "mixed_over_fp32": round(median["mixed"] / median["fp32"], 2)}
+            "mixed_over_fp32": round(median["mixed"] / median["fp32"], 2), "weights_only_ms": round(median["weights_only"], 2),
+            "weights_only_over_fp32": round(median["weights_only"] / median["fp32"], 2)}
 
 
 def print_table(results: dict[str, Any], backends: list[str]) -> None:
@@ -384,7 +387,7 @@ def main() -> None:
                                  "bc_zero", "gptq", "input_noise", "input_rounding", "ort"])
     parser.add_argument("--per-photo", type=int, default=2, help="views (whole photo, crops) per photo; face crops per photo: 3x this")
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
-                        help="time fp32, INT8 and mixed on onnxruntime instead (0: measure accuracy)")
+                        help="time fp32, INT8, mixed and weights_only on onnxruntime instead (0: measure accuracy)")
     parser.add_argument("--sizes", action="store_true", help="break the INT8 .eim down by role instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -406,7 +409,8 @@ def main() -> None:
         for name, row in timings.items():
             print(f"{name:<28} onnxruntime fp32 {row['fp32_ms']:8.2f} ms  int8 {row['int8_ms']:8.2f} ms  "
                   f"int8/fp32 {row['int8_over_fp32']:.2f}x  mixed {row['mixed_ms']:8.2f} ms  "
-                  f"mixed/fp32 {row['mixed_over_fp32']:.2f}x")
+                  f"mixed/fp32 {row['mixed_over_fp32']:.2f}x  weights_only {row['weights_only_ms']:8.2f} ms  "
+                  f"weights_only/fp32 {row['weights_only_over_fp32']:.2f}x")
         if args.json:
             args.json.write_text(json.dumps({"latency": timings}, indent=2))
         return
