@@ -43,7 +43,7 @@ parameters, other constants, and the format's document, header and padding, each
 
     python benchmarks/bench_int8_real.py [--models nudenet/320n ppocrv4_det ...]
         [--methods minmax percentile entropy mse] [--backends onnxruntime numpy] [--per-photo 2]
-        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned weights_only cle_mixed bc cle_bc bc_fast bc_zero gptq input_noise input_rounding ort] [--latency 0] [--sizes] [--json results.json]
+        [--variants cle mixed mixed_nearest mixed_f32 mixed_pruned weights_only cle_mixed bc cle_bc bc_fast bc_zero gptq input_noise input_rounding ort] [--latency 0] [--sizes] [--mixed-target DB] [--json results.json]
 """
 
 from __future__ import annotations
@@ -389,8 +389,13 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=0, metavar="ROUNDS",
                         help="time fp32, INT8, mixed and weights_only on onnxruntime instead (0: measure accuracy)")
     parser.add_argument("--sizes", action="store_true", help="break the INT8 .eim down by role instead")
+    parser.add_argument("--mixed-target", type=float, metavar="DB",
+                        help="the mixed-precision search's target for every model given, instead of MIXED_TARGET_DB "
+                             "(what another target trades between size and the task metric)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.mixed_target is not None:
+        MIXED_TARGET_DB.update(dict.fromkeys(args.models, args.mixed_target))
     warnings.simplefilter("ignore")
     results: dict[str, Any] = {}
     if args.sizes:
