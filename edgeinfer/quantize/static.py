@@ -379,17 +379,7 @@ def float16_float_biases(graph: Graph, layers: frozenset[str]) -> tuple[Graph, l
     Each bias moves by under 2**-11 of itself; where a large bias cancels large input means (the
     world-landmark Gemm of MediaPipe's hand landmarks) that still shows at the output, which is
     why the mixed-precision search measures every candidate with them."""
-    names = set()
-    for node in graph.nodes:
-        if layer_name(node) not in layers or node.domain or node.op_type not in CORRECTED_OPS or len(node.inputs) < 3:
-            continue
-        bias = graph.values.get(node.inputs[2])
-        if (bias is None or bias.const is None or bias.const.dtype != np.float32
-                or any(layer_name(user) not in layers or user.op_type not in CORRECTED_OPS or at != 2
-                       for user, at in bias.uses)):
-            continue
-        names.add(bias.name)
-    return _float16_stored(graph, names)
+    return _float16_stored(graph, _float_constant_inputs(graph, layers, CORRECTED_OPS, 2))
 
 
 def float16_float_slopes(graph: Graph, layers: frozenset[str]) -> tuple[Graph, list[str]]:
@@ -397,18 +387,23 @@ def float16_float_slopes(graph: Graph, layers: frozenset[str]) -> tuple[Graph, l
     rounded to float16 values and declared float16-stored, where only such nodes read them and
     float16 holds them; and their names. A negative input's output moves by under 2**-11 of
     itself, a rounding the float layers' int8 weights dwarf; the search measures it with them."""
+    return _float16_stored(graph, _float_constant_inputs(graph, layers, ("PRelu",), 1))
+
+
+def _float_constant_inputs(graph: Graph, layers: frozenset[str], ops: tuple[str, ...], index: int) -> set[str]:
+    """The constant float32 inputs ``index`` of the ``ops`` nodes among ``layers`` that only such
+    nodes read, at that input."""
     names = set()
     for node in graph.nodes:
-        if layer_name(node) not in layers or node.domain or node.op_type != "PRelu":
+        if layer_name(node) not in layers or node.domain or node.op_type not in ops or len(node.inputs) <= index:
             continue
-        slope = graph.values.get(node.inputs[1])
-        if (slope is None or slope.const is None or slope.const.dtype != np.float32
-                or any(layer_name(user) not in layers or user.op_type != "PRelu" or at != 1
-                       for user, at in slope.uses)):
+        value = graph.values.get(node.inputs[index])
+        if (value is None or value.const is None or value.const.dtype != np.float32
+                or any(layer_name(user) not in layers or user.op_type not in ops or at != index
+                       for user, at in value.uses)):
             continue
-        names.add(slope.name)
-    return _float16_stored(graph, names)
-
+        names.add(value.name)
+    return names
 
 
 def _float16_stored(graph: Graph, names) -> tuple[Graph, list[str]]:
