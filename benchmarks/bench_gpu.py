@@ -77,6 +77,7 @@ import edgeinfer as ei  # noqa: E402
 from devkit import zoo  # noqa: E402
 from edgeinfer import scheduler  # noqa: E402
 from edgeinfer.backend import get_backend  # noqa: E402
+from edgeinfer.backends.torch.backend import link_bytes_per_second  # noqa: E402
 from edgeinfer.scheduler.executors import SequentialExecutor  # noqa: E402
 from edgeinfer.scheduler.pipeline import Pipeline, Stage, StagePlan  # noqa: E402
 
@@ -355,6 +356,10 @@ def bench_stream(args, device: torch.device) -> dict[str, Any]:
         message = stage.run(requests[0] if stage is stages[0] else stages[0].run(requests[0]))
         seconds.append(time.perf_counter() - start)
     plan = StagePlan(stages, [1, 1], seconds, 1, list(graph.output_names))
+    # each stage alone, steady (the pipeline's rate is bounded by the slower one)
+    handoff = stages[0].run(requests[0])
+    row["CPU stage ms"] = median_ms(lambda: stages[0].run(requests[0]), device, args.rounds, args.warmup)
+    row["GPU stage ms"] = median_ms(lambda: stages[1].run(handoff), device, args.rounds, args.warmup)
     got = stages[1].run(stages[0].run(requests[0]))["probs"]
     row["CPU+GPU max diff"] = float(np.abs(got - reference).max())
     pipeline = Pipeline(plan)
@@ -365,7 +370,25 @@ def bench_stream(args, device: torch.device) -> dict[str, Any]:
     del message
     faster = max(row["all-CPU onnxruntime req/s"], row["all-GPU torch req/s"])
     row["pipeline / faster of the two"] = row["CPU+GPU pipeline req/s"] / faster
+    row.update(planned_stream(model, requests, device, reference))
     return row
+
+
+def planned_stream(model, requests, device: torch.device, reference) -> dict[str, Any]:
+    """The product path: a Session over torch on the device and onnxruntime on the CPU whose
+    stream planner chooses the stages (charging host<->device cuts with the measured link)."""
+    try:
+        with ei.Session(model, backend=[f"torch@{device}", "onnxruntime"]) as session:
+            first = session.run(requests[0])["probs"]
+            plan = session.pipeline_plan(requests[0], stages="auto", replicas="auto")
+            list(session.stream(requests[:4], stages="auto", replicas="auto", plan="first"))
+            rate = requests_per_second(lambda rs: session.stream(rs, stages="auto", replicas="auto", plan="first"),
+                                       requests)
+            return {"planned req/s": rate, "planned max diff": float(np.abs(first - reference).max()),
+                    "placement": " + ".join(f"{p.backend}[{len(p.nodes)}]" for p in session.plan.parts),
+                    "planned stages": plan.describe().replace("\n", " | ")[:400]}
+    except Exception as exc:  # noqa: BLE001  (recorded in the row; the fixed rows above stand)
+        return {"planned error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 # -- main -------------------------------------------------------------------------------------------
@@ -377,6 +400,10 @@ def environment(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         facts["gpu"] = torch.cuda.get_device_name(device)
         facts["cudnn"] = torch.backends.cudnn.version()
+        facts["tf32"] = bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
+        # the probe the stream planner charges host<->device cuts with (pinned host memory)
+        facts["link GB/s"] = {f"{src}->{dst}": round(rate / 1e9, 2)
+                              for (src, dst), rate in link_bytes_per_second(device).items()}
     return facts
 
 
@@ -410,25 +437,46 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"bench_gpu.py: device {args.device} requested, but torch {torch.__version__} sees no CUDA device "
                  "(--device cpu runs the dry run)")
+    if device.type == "cuda":
+        # fp32 rows are IEEE float32 on both sides: cuDNN would otherwise run float32
+        # convolutions in TF32 (torch's default), 5e-3 of ResNet-50's output scale off float32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     if device.type == "cpu":
         # the dry run: torch's OpenMP workers spin while waiting, and on a shared machine one
         # descheduled worker stalls each op (2 threads ran ResNet-50/32px 10-50x slower than 1)
         torch.set_num_threads(1)
     results: dict[str, Any] = {"environment": environment(device), "latency_ms": [], "stream": None}
     print(json.dumps(results["environment"]), flush=True)
+    failures = 0
+
+    def attempt(what: str, measure) -> dict[str, Any]:
+        # one failing row must not cost the others: a GPU lease is short, so every row that can
+        # be measured is, the failure is recorded with it, and the exit status says so
+        nonlocal failures
+        try:
+            row = measure()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001  (recorded, and the exit status is 1)
+            failures += 1
+            row = {"model": what, "error": f"{type(exc).__name__}: {exc}"}
+        print_rows([row])
+        return row
+
+    def save() -> None:  # after every row, so a run stopped at its time limit keeps what it measured
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+
     print("latency (ms, numpy in and out, median):", flush=True)
     for name in args.models:
         for batch in dict.fromkeys(args.batches):
-            row = bench_latency(name, batch, args, device)
+            row = attempt(f"{name} batch {batch}", lambda n=name, b=batch: bench_latency(n, b, args, device))
             results["latency_ms"].append(row)
-            print_rows([row])
+            save()
     if not args.skip_stream:
         print("stream (requests/s):", flush=True)
-        results["stream"] = bench_stream(args, device)
-        print_rows([results["stream"]])
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    return 0
+        results["stream"] = attempt("stream", lambda: bench_stream(args, device))
+        save()
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ while [ $# -gt 0 ]; do
 done
 RESULTS=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$RESULTS"
-TEST_SECONDS=${TEST_SECONDS:-200}
-BENCH_SECONDS=${BENCH_SECONDS:-330}
+TEST_SECONDS=${TEST_SECONDS:-180}
+BENCH_SECONDS=${BENCH_SECONDS:-240}
 
 "$PYTHON" - <<'PY' || exit 2
 import importlib, sys
@@ -58,7 +58,7 @@ import sys
 sys.path.insert(0, 'benchmarks')
 import bench_gpu  # noqa: F401  (a source checkout without an install works too)
 import pytest
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '--tb=line', '-rf', 'tests/backends/torch', 'tests/scheduler/test_device_handoffs.py']))
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '--tb=short', '-rfE', '--durations=10', 'tests/backends/torch', 'tests/scheduler/test_device_handoffs.py']))
 " 2>&1 | tee "$RESULTS/tests.log" | tail -40
   test_status=${PIPESTATUS[0]}
   [ "$test_status" -eq 124 ] && echo "tests: stopped after ${TEST_SECONDS}s"
@@ -69,7 +69,7 @@ else
 fi
 
 echo "== 2. benchmark on $DEVICE =="
-timeout "$BENCH_SECONDS" "$PYTHON" benchmarks/bench_gpu.py --device "$DEVICE" "${QUICK[@]}" \
+NVIDIA_TF32_OVERRIDE=0 timeout "$BENCH_SECONDS" "$PYTHON" benchmarks/bench_gpu.py --device "$DEVICE" "${QUICK[@]}" \
   --json "$RESULTS/bench_gpu.json" 2>&1 | tee "$RESULTS/bench_gpu.log"
 bench_status=${PIPESTATUS[0]}
 [ "$bench_status" -eq 124 ] && echo "benchmark: stopped after ${BENCH_SECONDS}s"

@@ -236,3 +236,46 @@ def test_cuda_graphs_capture_once_per_signature():
     assert session.stats()["cuda_graph_captures"] == 1  # captured once, replayed after
     np.testing.assert_array_equal(first, second)
     assert_close(first, eager, rtol=DEEP_RTOL, atol=DEEP_ATOL)
+
+
+def test_fp32_on_cuda_says_once_when_torch_computes_it_in_tf32(monkeypatch, caplog):
+    """torch's process-wide TF32 switches are the user's: the backend leaves them as they are,
+    and says once that float32 convolutions then run in TF32 (5e-3 of ResNet-50's output scale
+    on an H200), and how to turn it off."""
+    from edgeinfer.backends.torch import backend as torch_backend
+
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch_backend, "_TF32_WARNED", threading.Event())
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.backends.torch"):
+        torch_backend._warn_if_tf32()
+        torch_backend._warn_if_tf32()
+    assert caplog.text.count("computes convolutions in TF32") == 1
+    assert "allow_tf32 = False" in caplog.text
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    assert not torch_backend.tf32_enabled()
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE")
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    matmul = torch.backends.cuda.matmul.allow_tf32  # a module property monkeypatch cannot restore
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert not torch_backend.tf32_enabled()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert torch_backend.tf32_enabled()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def test_link_bandwidth_is_measured_on_an_accelerator_and_absent_on_the_cpu():
+    """The stream planner charges a host<->device cut with this probe: nothing to copy on the
+    CPU; on CUDA both directions measured from pinned memory, finite and positive."""
+    from edgeinfer.backends.torch.backend import link_bytes_per_second
+
+    device = resolve_device(DEVICE)
+    links = link_bytes_per_second(device)
+    if device.type == "cpu":
+        assert links == {}
+        return
+    assert set(links) == {("cpu", str(device)), (str(device), "cpu")}
+    assert all(np.isfinite(rate) and rate > 0 for rate in links.values()), links
+    assert TorchBackend(device=DEVICE).link_bytes_per_second() == links  # measured once per process
