@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the repository root: devkit/ is not installed
 sys.path.insert(0, str(ROOT / "tests" / "robustness"))
 
 import corpus  # noqa: E402

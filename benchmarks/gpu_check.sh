@@ -9,7 +9,7 @@
 # It runs from a source checkout with numpy, onnx, onnxruntime, torch and ml_dtypes installed
 # (no pip install, no network); pytest is optional (without it step 1 is skipped, and says so).
 #
-#   benchmarks/gpu_check.sh                    # cuda:0, about 5 minutes on one GPU
+#   benchmarks/gpu_check.sh                    # cuda:0, about 3 minutes on an H200
 #   benchmarks/gpu_check.sh --device cpu --quick   # the dry run on a machine without a GPU
 # Results: $OUT (or /tmp/gpu_check_out) holds tests.log, bench_gpu.json and bench_gpu.log.
 set -uo pipefail
@@ -21,6 +21,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --quick) QUICK=(--quick); shift ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (expected --device DEV, --quick)" >&2; exit 2 ;;
   esac
 done
