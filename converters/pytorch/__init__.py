@@ -30,6 +30,8 @@ from typing import Any
 from edgeinfer.errors import ConversionError, UnsupportedOpError
 from edgeinfer.ir import Graph
 
+from .state import STATE_KEY, initial_state, state_outputs
+
 _log = logging.getLogger(__name__)
 
 # How a model went to ONNX (graph.metadata[ROUTE_KEY]; ei.convert copies it into model.metadata).
@@ -88,9 +90,10 @@ def convert(source: Any, *, example_inputs: Any = None, input_names: Sequence[st
             kind = _kind_of(source)
             where = f"<{type(source).__name__}>"
             loaded = source
+        extra: dict[str, str] = {}
         if kind == "torchscript":
-            model, weights, route = _convert_script(loaded, example_inputs, input_shapes, input_names,
-                                                    output_names, dynamic_batch, where)
+            model, weights, route, extra = _convert_script(loaded, example_inputs, input_shapes, input_names,
+                                                           output_names, dynamic_batch, where)
         else:
             if kind == "exported_program":
                 program, route = capture.prepare_program(loaded, dynamic_batch, input_shapes, where), ROUTE_PROGRAM
@@ -105,26 +108,74 @@ def convert(source: Any, *, example_inputs: Any = None, input_names: Sequence[st
     graph = import_model(model, where, external=weights)
     graph.metadata.update(_metadata())
     graph.metadata[ROUTE_KEY] = route
+    graph.metadata.update(extra)
     return graph
 
 
 def _convert_script(script: Any, example_inputs: Any, input_shapes: Mapping[str, Sequence[int]] | None,
                     input_names: Sequence[str] | None, output_names: Sequence[str] | None, dynamic_batch: bool,
-                    where: str) -> tuple[Any, dict, str]:
-    """TorchScript -> (ONNX model, its large weights, route). First ``TS2EPConverter`` and the
-    dynamo exporter; where either fails (control flow it cannot rewrite, or rewrites into
-    ``torch.cond``, which the op registry does not take), the TorchScript ONNX exporter, which
-    keeps ``prim::If`` / ``prim::Loop`` as ONNX ``If`` / ``Loop``. The route taken is logged
-    and recorded in ``model.metadata["source_route"]``."""
+                    where: str) -> tuple[Any, dict, str, dict[str, str]]:
+    """TorchScript -> (ONNX model, its large weights, route, graph metadata to add). A forward
+    that assigns module attributes (state kept between calls) has them lifted to inputs and
+    outputs first (``state``)."""
+    from . import capture
+
+    examples, input_names = capture.script_examples(script, example_inputs, input_shapes, input_names, where)
+    if capture.assigned_attributes(script):
+        return _convert_stateful_script(script, examples, input_names, output_names, dynamic_batch, where)
+    return (*_export_script(script, examples, input_names, output_names, dynamic_batch, where), {})
+
+
+def _convert_stateful_script(script: Any, examples: tuple, input_names: Sequence[str],
+                             output_names: Sequence[str] | None, dynamic_batch: bool,
+                             where: str) -> tuple[Any, dict, str, dict[str, str]]:
+    """A forward that keeps state in module attributes, converted with that state as extra
+    inputs (named after the attributes) and outputs (``<attribute>_out``); the value that starts
+    a stream goes into ``graph.metadata[state.STATE_KEY]`` (read it with ``initial_state``)."""
+    import torch
+
+    from . import state
+    from .translate import default_output_names
+
+    if dynamic_batch:
+        raise ConversionError(f"{where}: the TorchScript forward() keeps state in module attributes, whose batch "
+                              "dim edgeinfer cannot tell; convert it without dynamic_batch / --dynamic-batch")
+    lifted, tensor_examples = state.lift(script, examples, where)
+    start = state.stream_start(lifted, tensor_examples, where)
+    lifted = start.lifted
+    with torch.no_grad():
+        result = lifted.function(*tensor_examples, *start.carried)
+    own_outputs = len(result) - len(lifted.states)
+    if output_names is not None and len(output_names) != own_outputs:
+        raise ConversionError(f"{where}: output_names has {len(output_names)} names {list(output_names)}, but the "
+                              f"model returns {own_outputs} tensor(s) besides its state")
+    user_inputs = [name for name, example in zip(input_names, examples) if isinstance(example, torch.Tensor)]
+    own_names = list(output_names or default_output_names(own_outputs))
+    taken = set(user_inputs) | set(own_names)
+    state_inputs = [s.name if s.name not in taken else f"state_{s.name}" for s in lifted.states]
+    state_outputs = [f"{name}{state.OUTPUT_SUFFIX}" for name in state_inputs]
+    model, weights, route = _export_script(lifted.function, (*tensor_examples, *start.carried),
+                                           [*user_inputs, *state_inputs], [*own_names, *state_outputs], False, where)
+    exported = {value.name for value in model.graph.input}
+    folded = [name for name in state_inputs if name not in exported]
+    if folded:
+        raise ConversionError(f"{where}: the exporter ({route}) folded state input(s) {folded} into constants, so the "
+                              "converted graph would not carry that state between calls; expected every state "
+                              "attribute to remain a graph input")
+    _log.info("%s: state attributes %s lifted to inputs %s and outputs %s", where,
+              [s.name for s in lifted.states], state_inputs, state_outputs)
+    return model, weights, route, {state.STATE_KEY: state.state_metadata(start, state_inputs, state_outputs, where)}
+
+
+def _export_script(script: Any, examples: tuple, input_names: Sequence[str], output_names: Sequence[str] | None,
+                   dynamic_batch: bool, where: str) -> tuple[Any, dict, str]:
+    """TorchScript (a module or function) -> (ONNX model, its large weights, route). First
+    ``TS2EPConverter`` and the dynamo exporter; where either fails (control flow it cannot
+    rewrite, or rewrites into ``torch.cond``, which the op registry does not take), the
+    TorchScript ONNX exporter, which keeps ``prim::If`` / ``prim::Loop`` as ONNX ``If`` /
+    ``Loop``. The route taken is logged and recorded in ``model.metadata["source_route"]``."""
     from . import capture, ops, translate
 
-    assigned = capture.assigned_attributes(script)
-    if assigned:
-        raise ConversionError(f"{where}: the TorchScript forward() assigns module attributes {assigned}, state it "
-                              "keeps between calls, which a converted graph cannot hold (it would freeze them); "
-                              "convert the stateless part (a submodule that takes the state as inputs and returns "
-                              "it) and feed the state explicitly")
-    examples, input_names = capture.script_examples(script, example_inputs, input_shapes, input_names, where)
     try:
         program = capture.capture_script(script, examples, dynamic_batch, where)
         ops.check_supported(program.graph_module, where)
@@ -171,4 +222,4 @@ def supported_ops_markdown() -> str:
     return generate()
 
 
-__all__ = ["accepts", "convert", "supported_ops_markdown", "SUFFIXES"]
+__all__ = ["accepts", "convert", "supported_ops_markdown", "SUFFIXES", "STATE_KEY", "initial_state", "state_outputs"]

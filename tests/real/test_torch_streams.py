@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 import edgeinfer as ei
@@ -36,13 +35,29 @@ def test_vad_stream_matches_the_stateful_file() -> None:
     compare([np.concatenate(got)], [np.concatenate(expected)], VAD, "numpy stream over 1.5 s")
 
 
-def test_the_stateful_file_itself_is_refused_with_the_way_out() -> None:
-    """The file's own ``forward(x, sr)`` keeps its state in module attributes: converting it
-    would freeze that state, so it is refused, naming the attributes and what to do."""
-    from edgeinfer.errors import ConversionError
+def test_the_stateful_file_streams_with_its_state_lifted() -> None:
+    """The file's own ``forward(x, sr)`` keeps its state in module attributes (``_state``,
+    ``_context``): converted, that state is lifted to inputs named after the attributes and
+    outputs ``<name>_out``, and a stream that feeds each back reproduces the file called on
+    the same chunks, probabilities and state alike."""
+    from edgeinfer.converters.pytorch import initial_state, state_outputs
 
     from .corpus import model_file
     from .models_torch import VAD_FILE
 
-    with pytest.raises(ConversionError, match=r"assigns module attributes \['_state', '_context'.*stateless part"):
-        ei.convert(model_file(*VAD_FILE), example_inputs=(torch.zeros(1, VAD_SIZES[VAD_RATE][0]), VAD_RATE))
+    model = ei.convert(model_file(*VAD_FILE), example_inputs=(torch.zeros(1, VAD_SIZES[VAD_RATE][0]), VAD_RATE))
+    assert model.graph.input_names == ["x", "_state", "_context"]
+    assert model.graph.output_names[1:] == ["_state_out", "_context_out"]
+    chunks = vad_chunks(1.5)
+    script = vad_script()
+    state = initial_state(model)
+    back = state_outputs(model)
+    with torch.no_grad(), ei.Session(model, backend="numpy") as session:
+        for index, chunk in enumerate(chunks):
+            expected = script(torch.from_numpy(chunk), VAD_RATE).numpy()
+            outputs = session.run({"x": chunk, **state})
+            compare([outputs[model.graph.output_names[0]]], [expected], VAD, f"stateful file, chunk {index}")
+            state = {name: outputs[out] for name, out in back.items()}
+            for name in ("_state", "_context"):
+                np.testing.assert_allclose(state[name], getattr(script, name).numpy(), rtol=1e-3, atol=1e-4,
+                                           err_msg=f"{name} after chunk {index}")

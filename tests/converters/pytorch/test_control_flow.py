@@ -15,7 +15,6 @@ from torch import nn
 
 import edgeinfer as ei
 from edgeinfer.converters import pytorch as frontend
-from edgeinfer.errors import ConversionError
 
 from .pytorch_checks import assert_outputs_close, eager, run_numpy, run_onnxruntime
 
@@ -150,21 +149,6 @@ def test_if_with_constant_condition_is_inlined_by_folding() -> None:
     x = np.random.default_rng(0).standard_normal((4, 1, 6)).astype(np.float32)
     got = ei.Session(model, backend="numpy").run({"x": x})["y"]
     np.testing.assert_array_equal(got, np.maximum(x[:, 0], 0))
-
-
-class Counter(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def forward(self, x):
-        self.calls = self.calls + 1
-        return x * 2.0
-
-
-def test_script_that_keeps_state_in_attributes_is_refused() -> None:
-    with pytest.raises(ConversionError, match=r"assigns module attributes \['calls'\].*feed the state"):
-        ei.convert(torch.jit.script(Counter()), example_inputs=(torch.randn(2, 3),))
 
 
 def test_fallback_with_dynamic_batch(scripted) -> None:
