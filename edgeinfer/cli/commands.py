@@ -131,7 +131,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
     with step_reporter(f"converting {source.name}", quiet=quiet) as steps:
         model = ei.convert(source, optimize=optimize, pass_report=passes if report else None, strict=strict,
                            progress=steps, **options)
-    model = apply_quantization(model, quantization, quiet=quiet)  # calibration draws its own progress bar
+    model = apply_quantization(model, quantization, quiet=quiet)  # calibration's progress is rendered there
     seconds = time.perf_counter() - started
     if report:
         _print_pass_report(passes)

@@ -92,7 +92,7 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
               activations: str, per_tensor: bool, mean: str | None, std: str | None, size: str | None,
               layout: str | None, exclude: tuple[str, ...], float_weights: str | None = None,
               weight_rounding: str | None = None, quiet: bool = False, **extra: Any):
-    from edgeinfer.cli.progress import shows_progress
+    from edgeinfer.cli.progress import step_reporter
     from edgeinfer.quantize import quantize
 
     if mode == "int8" and calib is None and not calib_random:
@@ -101,11 +101,12 @@ def _quantize(model, mode: str, *, calib: Path | None, calib_random: int, calib_
     if calib is not None and calib_random:
         raise InputError("give either --calib or --calib-random, not both")
     method = method if method is not None else _default_method()
-    return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
-                    weights="fp16" if mode == "fp16" else "int8", activations=activations,
-                    per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
-                    progress=shows_progress(quiet), size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"),
-                    layout=layout, float_weights=float_weights, weight_rounding=weight_rounding, **extra)
+    with step_reporter("quantizing", quiet=quiet) as steps:
+        return quantize(model, calib, method, mode="dynamic" if mode == "dynamic" else "static",
+                        weights="fp16" if mode == "fp16" else "int8", activations=activations,
+                        per_channel=not per_tensor, exclude=exclude, random_samples=calib_random, limit=calib_limit,
+                        progress=steps, size=_size(size), mean=_floats(mean, "mean"), std=_floats(std, "std"),
+                        layout=layout, float_weights=float_weights, weight_rounding=weight_rounding, **extra)
 
 
 def quantize_options(fn):

@@ -20,6 +20,7 @@ from typing import Any
 
 from edgeinfer.errors import InputError
 from edgeinfer.model import Model
+from edgeinfer.progress import Steps
 from edgeinfer.quantize.dynamic import quantize_dynamic
 from edgeinfer.quantize.fp16 import fp16_weights
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
@@ -41,7 +42,7 @@ WEIGHT_FORMATS = ("int8", "int4", "fp16")
 def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_METHOD, *,
              mode: str = "static", weights: str = "int8", activations: str = "uint8",
              per_channel: bool = True, exclude: Iterable[str] = (), random_samples: int = 0,
-             limit: int | None = None, backend: str | None = None, progress: Any = False,
+             limit: int | None = None, backend: str | None = None, progress: Steps | None = None,
              size: Sequence[int] | None = None, mean: Sequence[float] | None = None,
              std: Sequence[float] | None = None, max_accuracy_drop: float | None = None,
              evaluation: tuple[Any, Any] | Callable[[Model], float] | None = None,
@@ -62,8 +63,12 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
       in blocks of ``block_size`` along K with a scale (and with ``zero_points`` a zero point)
       per block, float compute (onnxruntime's MatMulNBits); for big models, no calibration.
       The weights are streamed one at a time in slabs (a mapped model's float weights are
-      never resident at once); ``progress`` may be an ``edgeinfer.progress.Steps`` reporter,
-      which gets the step in float bytes quantized.
+      never resident at once).
+
+    ``progress`` (an ``edgeinfer.progress.Steps``) is told each long step: calibration in
+    samples, weight-only quantization in float bytes. Nothing here prints; the command line
+    renders it. Every Session opened on the way (calibration, GPTQ, the quality guard,
+    per-layer errors, sensitivity) is closed before this returns.
 
     With ``max_accuracy_drop`` and ``evaluation`` (``(inputs, labels)`` for top-1 accuracy in
     percent, or a callable ``model -> metric``), the most sensitive layers stay float until
@@ -132,6 +137,12 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     ``quantization`` metadata; below 15 dB or 0.99 a ``QuantizationQualityWarning`` names the
     worst layers. The ops writing graph outputs stay float unless ``quantize_outputs``.
     """
+    if isinstance(progress, bool):  # the old flag: a progress bar printed by the library
+        if progress:
+            warnings.warn("quantize(progress=True) is deprecated and shows nothing: library code never prints; "
+                          "pass an edgeinfer.progress.Steps (edgeinfer.cli.progress.step_reporter renders one)",
+                          DeprecationWarning, stacklevel=2)
+        progress = None
     if weights not in WEIGHT_FORMATS:
         raise InputError(f"weights {weights!r}: expected one of {WEIGHT_FORMATS}")
     if weight_rounding is not None and (weight_rounding not in WEIGHT_ROUNDINGS or (
@@ -169,7 +180,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
 
         return quantize_weight_only(model, bits=4 if weights == "int4" else 8, block_size=block_size,
                                     zero_points=zero_points, exclude=exclude,
-                                    progress=None if isinstance(progress, bool) else progress)
+                                    progress=progress)
     if mode == "dynamic":
         if calibration_data is not None:
             warnings.warn("dynamic quantization needs no calibration data; it is ignored", stacklevel=2)

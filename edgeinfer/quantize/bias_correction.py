@@ -37,6 +37,7 @@ until its wave has been measured, then the correction (``-shift``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,14 +175,15 @@ def _channel_means(graph: Graph, layers: list[_Layer], feeds: Sequence[dict], ba
     means: dict[str, list[np.ndarray]] = {}
     ranks: dict[str, int] = {}
     tensors = [names[layer.output] for layer in layers]
-    for results in run_batches(graph, tensors, ({**f, **extra} for f in feeds), backend=backend,
-                               label="correcting biases"):
-        for layer in layers:
-            data = np.asarray(results[names[layer.output]], np.float64)
-            axis = layer.channel_axis % data.ndim
-            moved = np.moveaxis(data, axis, 0).reshape(data.shape[axis], -1)
-            means.setdefault(layer.output, []).append(moved.mean(axis=1))
-            ranks[layer.output] = data.ndim
+    with closing(run_batches(graph, tensors, ({**f, **extra} for f in feeds), backend=backend,
+                             label="correcting biases")) as batches:
+        for results in batches:
+            for layer in layers:
+                data = np.asarray(results[names[layer.output]], np.float64)
+                axis = layer.channel_axis % data.ndim
+                moved = np.moveaxis(data, axis, 0).reshape(data.shape[axis], -1)
+                means.setdefault(layer.output, []).append(moved.mean(axis=1))
+                ranks[layer.output] = data.ndim
     return {name: (np.stack(rows), ranks[name]) for name, rows in means.items()}
 
 

@@ -2,17 +2,20 @@
 
 The graph is re-declared with the tensors to observe as extra outputs and compiled once on a
 backend (onnxruntime when installed: calibration is dominated by float inference), then every
-batch of feeds updates the histograms. A progress bar on stderr shows how far it got.
+batch of feeds updates the histograms. Progress goes to an ``edgeinfer.progress.Steps`` the caller
+renders (the command line draws it); nothing here prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import closing
 
 import numpy as np
 
 from edgeinfer.errors import InputError
 from edgeinfer.ir import Graph
+from edgeinfer.progress import Steps, steps
 from edgeinfer.quantize.histogram import DEFAULT_BINS, ChannelMean, TensorHistogram, ValueGrid
 
 FLOAT_TYPES = ("float32", "float16", "float64", "bfloat16")
@@ -47,22 +50,26 @@ def observing_graph(graph: Graph, tensors: Sequence[str]) -> Graph:
 
 
 def run_batches(graph: Graph, tensors: Sequence[str], feeds: Iterable[dict[str, np.ndarray]], *,
-                backend: str | None = None, progress: bool = False, label: str = "calibrating",
+                backend: str | None = None, progress: Steps | None = None, label: str = "calibrating",
                 total: int | None = None):
-    """Yield ``{tensor: array}`` for every batch of ``feeds`` (a float run of ``graph``)."""
+    """Yield ``{tensor: array}`` for every batch of ``feeds`` (a float run of ``graph``).
+
+    The generator owns its Session: it is closed when the feeds are exhausted or the generator
+    is closed (``contextlib.closing`` where a consumer may stop early, as ``zip`` of two does).
+    ``progress`` (``edgeinfer.progress.Steps``) is told one step counted in samples."""
     from edgeinfer.model import Model
     from edgeinfer.session import Session
 
-    session = Session(Model(observing_graph(graph, tensors)), backend=backend or default_backend())
-    with _progress(progress, label, total) as advance:
+    with Session(Model(observing_graph(graph, tensors)), backend=backend or default_backend()) as session, \
+            steps(progress).step(label, total, unit="samples") as step:
         for batch in feeds:
             yield session.run(batch)
-            advance()
+            step.advance()
 
 
 def collect_histograms(graph: Graph, feeds: Iterable[dict[str, np.ndarray]], *,
                        tensors: Sequence[str] | None = None, backend: str | None = None,
-                       bins: int = DEFAULT_BINS, progress: bool = False,
+                       bins: int = DEFAULT_BINS, progress: Steps | None = None,
                        total: int | None = None,
                        means: dict[str, ChannelMean] | None = None,
                        grids: dict[str, ValueGrid] | None = None) -> dict[str, TensorHistogram]:
@@ -74,37 +81,14 @@ def collect_histograms(graph: Graph, feeds: Iterable[dict[str, np.ndarray]], *,
     means, grids = means or {}, grids or {}
     observed = list(dict.fromkeys([*tensors, *means, *grids]))
     batches = 0
-    for results in run_batches(graph, observed, feeds, backend=backend, progress=progress, total=total):
-        for name in tensors:
-            histograms[name].update(results[name])
-        for accumulators in (means, grids):
-            for name, accumulator in accumulators.items():
-                accumulator.update(results[name])
-        batches += 1
+    with closing(run_batches(graph, observed, feeds, backend=backend, progress=progress, total=total)) as runs:
+        for results in runs:
+            for name in tensors:
+                histograms[name].update(results[name])
+            for accumulators in (means, grids):
+                for name, accumulator in accumulators.items():
+                    accumulator.update(results[name])
+            batches += 1
     if batches == 0:
         raise InputError("calibration data is empty: expected at least one sample")
     return histograms
-
-
-class _progress:
-    """A rich progress bar on stderr (or nothing); ``with`` yields an ``advance()`` callable."""
-
-    def __init__(self, enabled: bool, label: str, total: int | None):
-        self.enabled, self.label, self.total = enabled, label, total
-        self.bar = None
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()

@@ -32,6 +32,7 @@ it then spends the per-tensor activation scale on channels of similar range.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,11 +89,12 @@ def channel_ranges(graph: Graph, tensors: Sequence[str], feeds: Iterable[dict], 
     from edgeinfer.quantize.calibrate import run_batches
 
     ranges: dict[str, np.ndarray] = {}
-    for results in run_batches(graph, list(tensors), feeds, backend=backend, label="equalizing"):
-        for name in tensors:
-            data = np.abs(np.asarray(results[name], np.float64))
-            per_channel = data.max(axis=tuple(i for i in range(data.ndim) if i != 1))
-            ranges[name] = per_channel if name not in ranges else np.maximum(ranges[name], per_channel)
+    with closing(run_batches(graph, list(tensors), feeds, backend=backend, label="equalizing")) as batches:
+        for results in batches:
+            for name in tensors:
+                data = np.abs(np.asarray(results[name], np.float64))
+                per_channel = data.max(axis=tuple(i for i in range(data.ndim) if i != 1))
+                ranges[name] = per_channel if name not in ranges else np.maximum(ranges[name], per_channel)
     return ranges
 
 

@@ -19,6 +19,7 @@ MatMul with a constant 2-D weight. Others (ConvTranspose, 3-D kernels) keep near
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import closing
 
 import numpy as np
 
@@ -157,15 +158,16 @@ def gptq_weights(graph: Graph, feeds: Sequence[dict[str, np.ndarray]], layers: I
         return graph, []
     hessians: dict[str, np.ndarray] = {}
     inputs = sorted({node.inputs[0] for node, _ in chosen.values()})
-    for observed in run_batches(graph, inputs, feeds, backend=backend):
-        for name, (node, layout) in chosen.items():
-            x = np.asarray(observed[node.inputs[0]], np.float32)
-            if layout == "conv":
-                weight = graph.values[name].const
-                columns = _conv_columns(x, node, tuple(weight.shape[2:]), int(node.attrs.get("group", 1)))
-            else:
-                columns = x.reshape(-1, x.shape[-1]).T[None]
-            hessians[name] = _accumulate(hessians.get(name), columns)
+    with closing(run_batches(graph, inputs, feeds, backend=backend)) as batches:
+        for observed in batches:
+            for name, (node, layout) in chosen.items():
+                x = np.asarray(observed[node.inputs[0]], np.float32)
+                if layout == "conv":
+                    weight = graph.values[name].const
+                    columns = _conv_columns(x, node, tuple(weight.shape[2:]), int(node.attrs.get("group", 1)))
+                else:
+                    columns = x.reshape(-1, x.shape[-1]).T[None]
+                hessians[name] = _accumulate(hessians.get(name), columns)
     inits = graph.initializers
     for name, (node, layout) in chosen.items():
         weight = inits[name]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,13 +118,13 @@ def output_quality(float_graph: Graph, quantized: Graph, feeds: Sequence[dict], 
                    backend: str | None = None) -> tuple[OutputQuality, ...]:
     names = float_graph.output_names
     sums = {name: np.zeros(4) for name in names}  # signal, noise, dot, |q|^2
-    refs = run_batches(float_graph, names, feeds, backend=backend)
-    gots = run_batches(quantized, names, feeds, backend=backend)
-    for ref_values, got_values in zip(refs, gots, strict=True):
-        for name in names:
-            ref = np.asarray(ref_values[name], np.float64).reshape(-1)
-            got = np.asarray(got_values[name], np.float64).reshape(-1)
-            sums[name] += (ref @ ref, (ref - got) @ (ref - got), ref @ got, got @ got)
+    with closing(run_batches(float_graph, names, feeds, backend=backend)) as refs, \
+            closing(run_batches(quantized, names, feeds, backend=backend)) as gots:
+        for ref_values, got_values in zip(refs, gots, strict=True):
+            for name in names:
+                ref = np.asarray(ref_values[name], np.float64).reshape(-1)
+                got = np.asarray(got_values[name], np.float64).reshape(-1)
+                sums[name] += (ref @ ref, (ref - got) @ (ref - got), ref @ got, got @ got)
     return tuple(OutputQuality(name, *_sqnr_cosine(*sums[name])) for name in names)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,13 +68,13 @@ def layer_errors(float_graph: Graph, quantized: Graph, layers: Iterable[str], fe
     observed = observed_tensors(float_graph, quantized, layers)
     feeds = list(feeds)
     sums = {layer: np.zeros(4) for layer, *_ in observed}  # signal, noise, dot, |q|^2
-    refs = run_batches(float_graph, [o[2] for o in observed], feeds, backend=backend)
-    gots = run_batches(quantized, [o[3] for o in observed], feeds, backend=backend)
-    for ref_values, got_values in zip(refs, gots, strict=True):
-        for layer, _, ref_name, got_name in observed:
-            ref = ref_values[ref_name].astype(np.float64).reshape(-1)
-            got = got_values[got_name].astype(np.float64).reshape(-1)
-            sums[layer] += (ref @ ref, (ref - got) @ (ref - got), ref @ got, got @ got)
+    with closing(run_batches(float_graph, [o[2] for o in observed], feeds, backend=backend)) as refs, \
+            closing(run_batches(quantized, [o[3] for o in observed], feeds, backend=backend)) as gots:
+        for ref_values, got_values in zip(refs, gots, strict=True):
+            for layer, _, ref_name, got_name in observed:
+                ref = ref_values[ref_name].astype(np.float64).reshape(-1)
+                got = got_values[got_name].astype(np.float64).reshape(-1)
+                sums[layer] += (ref @ ref, (ref - got) @ (ref - got), ref @ got, got @ got)
     rows = []
     for layer, op, ref_name, _ in observed:
         signal, noise, dot, power = sums[layer]

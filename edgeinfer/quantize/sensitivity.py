@@ -9,6 +9,7 @@ set, and while the drop exceeds the budget keeps the next most sensitive layer i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,8 +49,9 @@ class AccuracyResult:
 def _outputs(model: Model, feeds: Sequence[dict], backend: str) -> list[np.ndarray]:
     from edgeinfer.session import Session
 
-    session = Session(model, backend=backend)
-    return [np.concatenate([session.run(f)[name].reshape(-1) for f in feeds]) for name in session.model.graph.output_names]
+    with Session(model, backend=backend) as session:
+        return [np.concatenate([session.run(f)[name].reshape(-1) for f in feeds])
+                for name in session.model.graph.output_names]
 
 
 def layer_sensitivity(model: Model, calibration: Calibration, feeds: Sequence[dict], *, method: str,
@@ -78,13 +80,14 @@ def top1_metric(inputs: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray, 
     def metric(model: Model) -> float:
         from edgeinfer.session import Session
 
-        session = Session(model, backend=backend or default_backend())
         feeds = inputs if isinstance(inputs, dict) else {model.graph.input_names[0]: inputs}
         count = len(next(iter(feeds.values())))
         if count != len(labels):
             raise InputError(f"evaluation set: {count} inputs but {len(labels)} labels")
         first = model.graph.output_names[0]
-        logits = [session.run({k: v[i:i + batch] for k, v in feeds.items()})[first] for i in range(0, count, batch)]
+        with Session(model, backend=backend or default_backend()) as session:
+            logits = [session.run({k: v[i:i + batch] for k, v in feeds.items()})[first]
+                      for i in range(0, count, batch)]
         return float(np.mean(np.argmax(np.concatenate(logits), axis=-1) == labels) * 100.0)
 
     return metric
@@ -185,13 +188,13 @@ def layer_noise(float_graph, quantized, feeds: Sequence[dict], *, backend: str |
         pairs[f"out:{layer}"] = (ref, seen)
     sums = {key: np.zeros(2) for key in pairs}
     feeds = list(feeds)
-    refs = run_batches(float_graph, sorted({r for r, _ in pairs.values()}), feeds, backend=backend)
-    gots = run_batches(quantized, sorted({s for _, s in pairs.values()}), feeds, backend=backend)
-    for ref_values, got_values in zip(refs, gots, strict=True):
-        for key, (ref, seen) in pairs.items():
-            a = np.asarray(ref_values[ref], np.float64).reshape(-1)
-            b = np.asarray(got_values[seen], np.float64).reshape(-1)
-            sums[key] += (a @ a, (a - b) @ (a - b))
+    with closing(run_batches(float_graph, sorted({r for r, _ in pairs.values()}), feeds, backend=backend)) as refs, \
+            closing(run_batches(quantized, sorted({s for _, s in pairs.values()}), feeds, backend=backend)) as gots:
+        for ref_values, got_values in zip(refs, gots, strict=True):
+            for key, (ref, seen) in pairs.items():
+                a = np.asarray(ref_values[ref], np.float64).reshape(-1)
+                b = np.asarray(got_values[seen], np.float64).reshape(-1)
+                sums[key] += (a @ a, (a - b) @ (a - b))
     db = {key: (np.inf if noise == 0 else 10.0 * np.log10(max(signal, 1e-30) / noise)) for key, (signal, noise) in sums.items()}
     rows = [LayerNoise(layer, op, min((db[k] for k in reads[layer]), default=np.inf), db[f"out:{layer}"],
                        tuple(sources[layer])) for layer, (op, _, _) in observed.items()]

@@ -31,6 +31,7 @@ from edgeinfer.ir import EDGEINFER_DOMAIN, Graph
 from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 from edgeinfer.passes.rules import rebuild
+from edgeinfer.progress import Steps
 from edgeinfer.quantize.bias_correction import CORRECTED_OPS, ROUNDING_CORRECTED, rounding_corrected
 from edgeinfer.quantize.calibrate import collect_histograms
 from edgeinfer.quantize.data import Feeds, open_source, sample_count
@@ -156,7 +157,7 @@ def grid_range(grid: tuple[float, int, int], qtype) -> tuple[float, float] | Non
 
 def calibrate(model: Model | Graph, data: Any = None, *, random_samples: int = 0,
               limit: int | None = None, backend: str | None = None, bins: int = DEFAULT_BINS,
-              progress: bool = False, size: Sequence[int] | None = None,
+              progress: Steps | None = None, size: Sequence[int] | None = None,
               mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
               hold_out: bool = False, layout: str | None = None) -> Calibration:
     """Run the float model over ``data`` (samples, a folder, or None with ``random_samples``)
