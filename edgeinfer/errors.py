@@ -60,3 +60,10 @@ __all__ = [
     "RequestTimeoutError",
     "ConversionError",
 ]
+
+
+def first_line(exc: BaseException, limit: int = 600) -> str:
+    """The first line of an exception's message (an engine's errors run to pages of stack and
+    graph dumps), at most ``limit`` characters; the exception's type name when it says nothing."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]

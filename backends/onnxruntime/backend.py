@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backends.common import first_line, merged_options, missing_device, refuse_unsupported
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.mapped import FileSpan, file_span
@@ -97,11 +98,6 @@ def _ort():
     return onnxruntime
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:600]
-
-
 def _engine_run(session: Any) -> Callable[..., list]:
     """What runs ``session`` per request: its compiled session's own ``run``. The public
     ``InferenceSession.run`` checks in Python, on every call, what edgeinfer's feed check has
@@ -148,7 +144,7 @@ class OnnxRuntimeExecutable(Executable):
             shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
             raise BackendError(f"onnxruntime failed to run graph {self.graph.name!r}"
                                f"{_where(exc, self._node_names)} with inputs {shapes}: "
-                               f"{_first_line(exc)}") from exc
+                               f"{first_line(exc)}") from exc
         return dict(zip(self.output_names, results, strict=True))
 
     def _run_with_fallback(self, feeds: dict[str, np.ndarray], first: Exception) -> dict[str, np.ndarray]:
@@ -158,7 +154,7 @@ class OnnxRuntimeExecutable(Executable):
             results = self.session.run(None, feeds)
         except Exception as exc:
             raise BackendError(f"onnxruntime failed to run graph {self.graph.name!r}"
-                               f"{_where(exc, self._node_names)}: {_first_line(exc)}") from first
+                               f"{_where(exc, self._node_names)}: {first_line(exc)}") from first
         return dict(zip(self.output_names, results, strict=True))
 
     def close(self) -> None:
@@ -198,12 +194,8 @@ class OnnxRuntimeBackend(Backend):
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> OnnxRuntimeExecutable:
         options = options or CompileOptions()
-        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
-        unsupported = self.unsupported(graph)
-        if unsupported:
-            listed = "; ".join(f"{label}: {reason}" for label, reason in list(unsupported.items())[:5])
-            raise BackendError(f"onnxruntime cannot run {len(unsupported)} node(s) of graph {graph.name!r}: "
-                               f"{listed}")
+        engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
+        refuse_unsupported("onnxruntime", graph.name, self.unsupported(graph))
         graph = lower_graph(graph)
         # the probe measures the CPU provider's kernels; an accelerator's are its own
         integer_path = graph_integer_path(graph) if self.device == "cpu" else None
@@ -252,7 +244,7 @@ class OnnxRuntimeBackend(Backend):
                                            providers=providers, provider_options=provider_options)
         except Exception as exc:
             raise BackendError(f"onnxruntime could not compile graph {graph.name!r}"
-                               f"{_where(exc, node_names)}: {_first_line(exc)}") from exc
+                               f"{_where(exc, node_names)}: {first_line(exc)}") from exc
         return session, node_names, [*routes.arrays, *external], routes
 
 
@@ -375,9 +367,7 @@ def device_providers(available: Sequence[str], device: str, fallback: bool = Fal
     if not found:
         message = (f"onnxruntime backend: no {device.upper()} execution provider in this onnxruntime build: "
                    f"expected one of {list(wanted)}, found {list(available)}")
-        if not fallback:
-            raise BackendError(message + " (fallback=True runs on the CPU instead)")
-        log.warning("%s; falling back to CPUExecutionProvider", message)
+        missing_device(message, fallback, log, "falling back to CPUExecutionProvider")
         return list(DEFAULT_PROVIDERS)
     chosen: list[Any] = [(name, {"device_type": _OPENVINO_DEVICE_TYPE[device]})
                          if name == "OpenVINOExecutionProvider" else name for name in found]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backends.common import merged_options, missing_device, refuse_unsupported
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN
@@ -134,15 +135,13 @@ class OpenVinoBackend(Backend):
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> OpenVinoExecutable:
         options = options or CompileOptions()
-        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
+        engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
         device_name = self.device_name
         if options.engine_options.get("device_name"):
             device_name = resolve_device(engine["device_name"], core().available_devices, self.fallback)
         threads = _check_threads(options.threads)
-        refused = [(n.label, r) for n in graph.nodes if (r := _static_reason(n, graph)) is not None]
-        if refused:
-            listed = "; ".join(f"{label}: {reason}" for label, reason in refused[:5])
-            raise BackendError(f"openvino cannot run {len(refused)} node(s) of graph {graph.name!r}: {listed}")
+        refuse_unsupported("openvino", graph.name,
+                           [(n.label, r) for n in graph.nodes if (r := _static_reason(n, graph)) is not None])
         lowered = lower_graph(graph)
         integer_path = None
         if "CPU" in device_name:  # the probe measures the CPU plugin's kernels; a GPU's are its own
@@ -178,9 +177,7 @@ def resolve_device(requested: str, available: list[str], fallback: bool) -> str:
         return requested
     message = (f"openvino backend: no {', '.join(missing)} device on this machine: expected one of "
                f"{list(available)}")
-    if not fallback:
-        raise BackendError(message + " (fallback=True runs on the CPU instead)")
-    log.warning("%s; falling back to CPU", message)
+    missing_device(message, fallback, log, "falling back to CPU")
     return "CPU"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgeinfer.errors import BackendError
+from edgeinfer.errors import BackendError, first_line
 from edgeinfer.ir import Graph, Node, Value
 from edgeinfer.ir.onnx_io import array_to_tensor, external_placeholder, graph_to_model, name_exported_nodes
 
@@ -115,11 +115,6 @@ def memory_external_data_supported() -> bool:
     if not found:
         log.info("OpenVINO read in-memory external data wrongly; initializers are serialized")
     return found
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:600]
 
 
 def explain(exc: BaseException) -> str:

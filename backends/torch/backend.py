@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backends.common import first_line, merged_options, missing_device, refuse_unsupported
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 
@@ -80,9 +81,7 @@ def resolve_device(device: str, fallback: bool = False) -> torch.device:
                    f"({torch.__version__}); available: {present}")
         if not accepts_device(device):
             message = f"torch backend: device {device!r}: expected 'cpu', 'gpu', 'cuda:N' or 'mps'"
-        if not fallback:
-            raise BackendError(message + " (fallback=True runs on the CPU instead)")
-        log.warning("%s; running on the CPU", message)
+        missing_device(message, fallback, log, "running on the CPU")
         chosen = "cpu"
     return torch.device(chosen)
 
@@ -290,7 +289,7 @@ class TorchExecutable(Executable):
                                f"with inputs {shapes}: {exc}") from exc
         except RuntimeError as exc:  # CUDA graph capture, torch.compile
             raise BackendError(f"torch backend failed to run graph {self.graph.name!r} on {self.device}: "
-                               f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                               f"{type(exc).__name__}: {first_line(exc)}") from exc
         outputs = {}
         for name, tensor, dtype in zip(self.output_names, results, self._output_dtypes, strict=True):
             if dtype is not None and tensor.dtype != dtype:
@@ -372,12 +371,8 @@ class TorchBackend(Backend):
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> TorchExecutable:
         options = options or CompileOptions()
-        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
-        unsupported = self.unsupported(graph)
-        if unsupported:
-            listed = "; ".join(f"{label}: {reason}" for label, reason in list(unsupported.items())[:5])
-            raise BackendError(f"torch backend cannot run {len(unsupported)} node(s) of graph {graph.name!r}: "
-                               f"{listed}")
+        engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
+        refuse_unsupported("torch backend", graph.name, self.unsupported(graph))
         if options.threads and self.torch_device.type == "cpu":
             torch.set_num_threads(options.threads)  # process-wide, as torch's thread pool is
         if self.torch_device.type == "cuda" and engine.get("precision", "fp32") == "fp32":

@@ -17,17 +17,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from edgeinfer.backend import Backend, CompileOptions
-from edgeinfer.errors import InputError
+from edgeinfer.errors import InputError, first_line
 from edgeinfer.ir import Graph
 from edgeinfer.runtime.executors import PartCompileError
 
 log = logging.getLogger("edgeinfer.runtime.fallback")
 REFERENCE = "numpy"
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def _close(executable: Any) -> None:
@@ -47,7 +42,7 @@ def probe_compile(part: Any, backend: Backend) -> dict[int, str]:
             _close(backend.compile(sub, options))
         except Exception as exc:  # noqa: BLE001 - the culprit's reason
             for index in indices:
-                culprits.setdefault(index, f"failed to compile: {_first_line(exc)}")
+                culprits.setdefault(index, f"failed to compile: {first_line(exc, 300)}")
     return culprits
 
 
@@ -100,7 +95,7 @@ def probe_run(part: Any, backend: Backend, reference: Backend, feeds: Mapping[st
             finally:
                 _close(fallback)
             for index in indices:
-                culprits.setdefault(index, f"failed to run: {_first_line(exc)}")
+                culprits.setdefault(index, f"failed to run: {first_line(exc, 300)}")
         finally:
             if executable is not None:
                 _close(executable)
@@ -153,7 +148,7 @@ def compile_runner(graph: Graph, backends: Sequence[Backend], *, executor: str, 
             if part.backend == REFERENCE or part.backend not in by_name:
                 raise failure.cause from None
             culprits = probe_compile(part, by_name[part.backend]) or {
-                i: f"failed to compile: {_first_line(failure.cause)}" for i in part.nodes}
+                i: f"failed to compile: {first_line(failure.cause, 300)}" for i in part.nodes}
             _bar(excluded, part.backend, culprits)
             note = _note(graph, part.backend, culprits)
             log.warning("re-partitioned: %s", note)
@@ -193,7 +188,7 @@ def _prove(compiled: Any, feeds: dict[str, Any]) -> dict[str, Any]:
             except RequestFault:
                 raise exc from None
             if not culprits:
-                culprits = {i: f"failed to run: {_first_line(exc)}" for i in failed.part.nodes}
+                culprits = {i: f"failed to run: {first_line(exc, 300)}" for i in failed.part.nodes}
             _bar(excluded, failed.part.backend, culprits)
             note = _note(compiled.graph, failed.part.backend, culprits)
             log.warning("re-partitioned after a failed first run: %s", note)
