@@ -54,7 +54,7 @@ from devkit import zoo
 from edgeinfer.backend import Backend, get_backend
 from edgeinfer.cli.bench import machine_facts
 from edgeinfer.cli.peers import raw_onnxruntime
-from edgeinfer.scheduler import make_backends, make_plan
+from edgeinfer.runtime.placement import make_backends, make_plan
 from edgeinfer.timing import ENGINE_SETTLE_S
 
 

@@ -50,11 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 import edgeinfer as ei
 from devkit import zoo
-from edgeinfer import scheduler
 from edgeinfer.backend import CompileOptions, get_backend
 from edgeinfer.cli.bench import machine_facts
 from edgeinfer.cli.peers import raw_litert, raw_onnxruntime, raw_openvino
 from edgeinfer.format.atomic import atomic_write_bytes
+from edgeinfer.runtime import placement
 from edgeinfer.timing import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
 
 
@@ -106,10 +106,10 @@ def split(calls: int) -> dict[str, float]:
     proto = zoo.inception_net(size=160, width=64)
     model = ei.convert(proto)
     feeds = zoo.example_inputs(proto)
-    backends = scheduler.make_backends(["onnxruntime", "numpy"])
-    whole = scheduler.build_executor(scheduler.make_plan(model.graph, backends), backends, threads=1)
-    parts_plan = scheduler.make_plan(model.graph, backends, branches=True)
-    parts = scheduler.build_executor(parts_plan, backends, threads=1)
+    backends = placement.make_backends(["onnxruntime", "numpy"])
+    whole = placement.build_executor(placement.make_plan(model.graph, backends), backends, threads=1)
+    parts_plan = placement.make_plan(model.graph, backends, branches=True)
+    parts = placement.build_executor(parts_plan, backends, threads=1)
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 1, 2
     options.execution_mode = ort.ExecutionMode.ORT_PARALLEL

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The torch backend's device check, one prepared script (issue 24):
 #   1. the torch backend's tests, and the device-resident hand-offs between parts
-#      (tests/scheduler/test_device_handoffs.py), on the device (EDGEINFER_TORCH_DEVICE), float32 kept float32
+#      (tests/runtime/test_device_handoffs.py), on the device (EDGEINFER_TORCH_DEVICE), float32 kept float32
 #      (NVIDIA_TF32_OVERRIDE=0: cuDNN would otherwise run float32 convolutions in TF32);
 #   2. benchmarks/bench_gpu.py: ResNet-50, MobileNetV2 and an encoder block at batch 1 and 8
 #      (fp32 / fp16, with and without CUDA graphs) against raw PyTorch eager, and a two-stage
@@ -59,7 +59,7 @@ import sys
 sys.path.insert(0, 'benchmarks')
 import bench_gpu  # noqa: F401  (a source checkout without an install works too)
 import pytest
-sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '--tb=short', '-rfE', '--durations=10', 'tests/backends/torch', 'tests/scheduler/test_device_handoffs.py']))
+sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--import-mode=importlib', '--tb=short', '-rfE', '--durations=10', 'tests/backends/torch', 'tests/runtime/test_device_handoffs.py']))
 " 2>&1 | tee "$RESULTS/tests.log" | tail -40
   test_status=${PIPESTATUS[0]}
   [ "$test_status" -eq 124 ] && echo "tests: stopped after ${TEST_SECONDS}s"

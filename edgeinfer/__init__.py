@@ -30,12 +30,12 @@ if TYPE_CHECKING:
     from edgeinfer.ir import Graph, Node, Value
     from edgeinfer.model import Model, TensorInfo
     from edgeinfer.quantize import quantize
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
 # Imported on first use (PEP 562), so that `import edgeinfer.cli` and `edgeinfer --help` load
 # neither onnx (whose ml_dtypes import alone takes about a second) nor an engine.
 _LAZY = {"convert": "edgeinfer.api", "export": "edgeinfer.api", "load": "edgeinfer.api",
-         "quantize": "edgeinfer.quantize", "Session": "edgeinfer.session", "Model": "edgeinfer.model",
+         "quantize": "edgeinfer.quantize", "Session": "edgeinfer.runtime.session", "Model": "edgeinfer.model",
          "TensorInfo": "edgeinfer.model", "Graph": "edgeinfer.ir", "Node": "edgeinfer.ir", "Value": "edgeinfer.ir"}
 
 

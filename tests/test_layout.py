@@ -47,3 +47,49 @@ def test_wheel_packages_are_edgeinfer_only(monkeypatch):
     packages = arguments["packages"]
     assert "edgeinfer.cli" in packages
     assert all(name == "edgeinfer" or name.startswith("edgeinfer.") for name in packages), packages
+
+
+def _runtime_modules() -> dict[str, Path]:
+    modules = {}
+    for path in (ROOT / "edgeinfer" / "runtime").rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def _runtime_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The runtime modules ``path`` imports anywhere (function-local imports too: a cycle
+    broken by a late import is still a cycle). ``from package import module`` counts as the
+    module, not the package."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            submodules = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+            found |= submodules if len(submodules) == len(node.names) else {node.module, *submodules}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return found & modules.keys()
+
+
+def test_the_runtime_is_one_package_without_import_cycles():
+    """``edgeinfer/runtime`` holds placement, executors and streams; the old ``scheduler``
+    package and the ``edgeinfer.session`` stand-in are gone, and nothing imports them."""
+    assert not (ROOT / "edgeinfer" / "scheduler").exists() and not (ROOT / "edgeinfer" / "session.py").exists()
+    stale = {str(p.relative_to(ROOT)): sorted(m for m in imported_modules(p)
+                                              if m.startswith(("edgeinfer.scheduler", "edgeinfer.session")))
+             for folder in (*LIBRARY, ROOT / "tests", ROOT / "benchmarks", ROOT / "models") for p in folder.rglob("*.py")}
+    assert not {k: v for k, v in stale.items() if v}
+    modules = _runtime_modules()
+    graph = {name: _runtime_imports(path, modules) - {name} for name, path in modules.items()}
+    cycles = []
+    for start in graph:  # depth-first search for a path back to ``start``
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(path + [start])
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    assert not cycles, f"import cycles in edgeinfer/runtime: {cycles[:3]}"

@@ -174,7 +174,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     ``source``: the user's model file, which a peer of the same format runs directly.
     """
     from edgeinfer.cli import peers as raw
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     progress = progress or NoProgress()
     contenders: list[_Contender] = []
@@ -454,7 +454,7 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
             runner, _ = raw.prepare(peer, model, threads, source=source)
             return None, lambda: runner(dict(feeds))
     else:
-        from edgeinfer.session import Session
+        from edgeinfer.runtime.session import Session
 
         def make() -> tuple[Any, Callable[[], Any]]:
             session = Session(model, backend=backend, threads=threads, example_feeds=feeds,
@@ -499,7 +499,7 @@ def profile_session(session: Any, feeds: Mapping[str, Any], runs: int = PROFILE_
 
 
 def _op_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile | None:
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     samples: dict[str, list[float]] = {}
     ops: dict[str, str] = {}
@@ -551,7 +551,7 @@ def stream(model: Model, backend: str | list[str], feeds: Mapping[str, Any], *, 
     ``executor``: ``"local"`` (stages on threads of this process) or ``"ray"`` (stages on Ray
     actors: ``Session(executor="ray")``, which raises its own error where Ray is missing)."""
     from edgeinfer.errors import InputError
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     if executor not in STREAM_EXECUTORS:
         raise InputError(f"stream executor {executor!r}: expected one of {', '.join(STREAM_EXECUTORS)}")

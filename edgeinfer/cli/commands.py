@@ -632,14 +632,14 @@ def _si(count: float) -> str:
 
 def _print_plan(model, backend: str | list[str], device: str, executor: str) -> None:
     """The partition, from each backend's ``supports``: nothing is compiled or run."""
-    from edgeinfer import scheduler
+    from edgeinfer.runtime import placement
 
     if backend == "auto":
         raise InputError("--plan --backend auto: auto measures candidates by running them; give a backend "
                          "or a priority list (run `edgeinfer bench MODEL --backend auto` to see its choice)")
-    names = scheduler.backend_priority(backend)
-    backends = scheduler.make_backends(names, device=device, fallback=True)
-    plan = scheduler.make_plan(model.graph, backends, branches=executor == "dag")
+    names = placement.backend_priority(backend)
+    backends = placement.make_backends(names, device=device, fallback=True)
+    plan = placement.make_plan(model.graph, backends, branches=executor == "dag")
     counts = ", ".join(f"{name} {count}" for name, count in plan.node_counts().items())
     click.echo(f"plan    {len(plan.parts)} part(s) over {'+'.join(names)} on {device}; nodes: {counts}")
     click.echo(plan.describe())

@@ -125,7 +125,7 @@ def verify(source: Any, model: Model, *, backend: str = "numpy", tolerance: floa
     """Compare ``model`` (converted from ``source``) with the source framework on random inputs
     (or ``feeds``); on a mismatch, find the first diverging node and, with ``repro_dir``, save it."""
     from edgeinfer.api import detect_frontend
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     progress = progress or NoProgress()
     frontend = detect_frontend(source)
@@ -205,7 +205,7 @@ def first_divergence(onnx_source: Any, model: Model, feeds: Feeds, *, backend: s
 def edgeinfer_intermediates(model: Model, names: list[str], feeds: Feeds, backend: str) -> dict[str, np.ndarray]:
     """Every value in ``names`` as edgeinfer's ``backend`` computes it (the graph with them as outputs)."""
     from edgeinfer.quantize.calibrate import observing_graph
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     with Session(Model(observing_graph(model.graph, names)), backend=backend) as session:
         return session.run(feeds)

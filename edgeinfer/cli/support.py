@@ -117,11 +117,11 @@ class LibraryDefault(click.Option):
 @contextlib.contextmanager
 def auto_progress(enabled: bool):
     """While ``backend``/``executor="auto"`` measures, its progress (the INFO lines of
-    ``edgeinfer.scheduler.auto.progress``: one per candidate) goes to stderr as ``auto: ...`` lines."""
+    ``edgeinfer.runtime.auto.progress``: one per candidate) goes to stderr as ``auto: ...`` lines."""
     if not enabled:
         yield
         return
-    logger = logging.getLogger("edgeinfer.scheduler.auto.progress")
+    logger = logging.getLogger("edgeinfer.runtime.auto.progress")
 
     class ToStderr(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:

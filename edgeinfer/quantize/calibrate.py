@@ -58,7 +58,7 @@ def run_batches(graph: Graph, tensors: Sequence[str], feeds: Iterable[dict[str, 
     is closed (``contextlib.closing`` where a consumer may stop early, as ``zip`` of two does).
     ``progress`` (``edgeinfer.progress.Steps``) is told one step counted in samples."""
     from edgeinfer.model import Model
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     with Session(Model(observing_graph(graph, tensors)), backend=backend or default_backend()) as session, \
             steps(progress).step(label, total, unit="samples") as step:

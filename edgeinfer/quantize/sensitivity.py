@@ -47,7 +47,7 @@ class AccuracyResult:
 
 
 def _outputs(model: Model, feeds: Sequence[dict], backend: str) -> list[np.ndarray]:
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     with Session(model, backend=backend) as session:
         return [np.concatenate([session.run(f)[name].reshape(-1) for f in feeds])
@@ -78,7 +78,7 @@ def top1_metric(inputs: dict[str, np.ndarray] | np.ndarray, labels: np.ndarray, 
     labels = np.asarray(labels).reshape(-1)
 
     def metric(model: Model) -> float:
-        from edgeinfer.session import Session
+        from edgeinfer.runtime.session import Session
 
         feeds = inputs if isinstance(inputs, dict) else {model.graph.input_names[0]: inputs}
         count = len(next(iter(feeds.values())))

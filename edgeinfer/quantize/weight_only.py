@@ -230,7 +230,7 @@ def weight_error(float_model: Model, quantized: Model, feeds: Iterable[dict], ba
     """Per output: SQNR (dB), cosine and max relative error of ``quantized`` against
     ``float_model`` on ``feeds`` (the weight-only counterpart of the INT8 report)."""
     from edgeinfer.quantize.report import sqnr_db
-    from edgeinfer.session import Session
+    from edgeinfer.runtime.session import Session
 
     rows: dict[str, list] = {}
     with Session(float_model, backend=backend) as ref_session, Session(quantized, backend=backend) as q_session:

@@ -49,8 +49,8 @@ from edgeinfer.model import Model
 from edgeinfer.runtime.auto_gpu import accelerator, accelerator_candidates
 from edgeinfer.timing import time_engines
 
-log = logging.getLogger("edgeinfer.scheduler.auto")
-progress = logging.getLogger("edgeinfer.scheduler.auto.progress")  # one INFO line per step (edgeinfer run shows them)
+log = logging.getLogger("edgeinfer.runtime.auto")
+progress = logging.getLogger("edgeinfer.runtime.auto.progress")  # one INFO line per step (edgeinfer run shows them)
 CACHE_FILE = "auto-backends.json"
 _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu", "openvino", "ai-edge-litert",
                          "tflite-runtime")
@@ -260,7 +260,7 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     """Compile every candidate priority list (and ``native``'s, the engine of the model's source
     format, first), time them interleaved on ``feeds``, return the winner by ``decide`` (with its
     compiled runner in ``prepared``: the caller owns and closes it)."""
-    from edgeinfer.scheduler import build_executor, make_backends, make_plan
+    from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
 
     feeds = dict(feeds)
     lists = _native_first(lists, native)

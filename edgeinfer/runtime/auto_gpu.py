@@ -5,7 +5,7 @@ Two candidates join the CPU ones when torch is installed and sees an accelerator
 refuses), and torch on it first with the first CPU engine (onnxruntime by preference) on the
 CPU, the mixed CPU+GPU plan of a model whose pre- or post-processing ops torch refuses.
 A candidate names its devices (``"torch@cuda:0"``, ``"onnxruntime@cpu"``; see
-``scheduler.spec_device``), so the choice, cached as a list of names, says where each part ran.
+``placement.spec_device``), so the choice, cached as a list of names, says where each part ran.
 
 They are added only when the session's device leaves the choice open (``"cpu"``, the default,
 or ``"gpu"``) and the caller did not place torch itself (``backend_options={"torch":

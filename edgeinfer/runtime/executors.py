@@ -30,7 +30,7 @@ from edgeinfer.errors import BackendError, SchedulerError
 from edgeinfer.ir import Graph
 
 if TYPE_CHECKING:
-    from edgeinfer.scheduler.partition import Part
+    from edgeinfer.runtime.partition import Part
 
 
 class PartCompileError(BackendError):

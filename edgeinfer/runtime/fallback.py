@@ -135,7 +135,7 @@ def compile_runner(graph: Graph, backends: Sequence[Backend], *, executor: str, 
                    notes: list[str] | None = None) -> tuple[Any, Any]:
     """Partition and compile ``graph``; a part that fails to compile is probed and its culprits
     go to the next backend. Returns (plan, runner); ``notes`` collects what moved and why."""
-    from edgeinfer.scheduler import build_executor, make_plan
+    from edgeinfer.runtime.placement import build_executor, make_plan
 
     excluded = excluded if excluded is not None else {}
     by_name = {b.name: b for b in backends}

@@ -270,7 +270,7 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     are measured on ``feeds`` (real feeds of that signature); otherwise nothing depends on the
     shapes and ``signature`` is None. What auto compiled while measuring is reused when it is
     what this plan runs, and closed otherwise (never two compiled models alive for one plan)."""
-    from edgeinfer import scheduler
+    from edgeinfer.runtime import placement
     from edgeinfer.runtime.fallback import compile_runner
 
     graph = model.graph
@@ -292,8 +292,8 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
                                     auto_choice=auto_choice)
             prepared[2].close()
     else:
-        names = scheduler.backend_priority(settings.backend)
-    backends = scheduler.make_backends(names, device=settings.device, fallback=settings.fallback,
+        names = placement.backend_priority(settings.backend)
+    backends = placement.make_backends(names, device=settings.device, fallback=settings.fallback,
                                        options=settings.options)
     executor_ms: dict[str, float] = {}
     notes: list[str] = []
@@ -304,7 +304,7 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
         executor, plan, runner, executor_ms = choose_executor(model, backends, feeds, threads=settings.threads,
                                                               debug=settings.debug)
     elif executor == "ray":
-        plan, runner = scheduler.make_plan(graph, backends), None
+        plan, runner = placement.make_plan(graph, backends), None
     else:
         plan, runner = compile_runner(graph, backends, executor=local, threads=settings.threads,
                                       debug=settings.debug, excluded=excluded, notes=notes)
@@ -324,7 +324,7 @@ class ReferenceFallbackWarning(UserWarning):
 def warn_if_unused(plan: Any, names: list[str]) -> None:
     """Say it when every node of a model fell back to the numpy reference although the caller
     named other engines (a quiet fallback would hide that the engine was never used)."""
-    from edgeinfer.scheduler import REFERENCE
+    from edgeinfer.runtime.placement import REFERENCE
 
     named = [name for name in names if name != REFERENCE]
     if not named or not plan.parts or any(part.backend != REFERENCE for part in plan.parts):

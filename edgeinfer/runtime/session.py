@@ -28,7 +28,7 @@ from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
 
-log = logging.getLogger("edgeinfer.session")
+log = logging.getLogger("edgeinfer.runtime.session")
 JOIN_DETACHED_S = 60.0  # how long close() waits for a worker a timeout detached
 
 
@@ -71,8 +71,8 @@ class Session:
                  example_feeds: Mapping[str, Any] | None = None,
                  buckets: Mapping[str, Sequence[int]] | None = None, plan_cache_size: int = 8,
                  plan_budget: float | None = None, **engine_options: Any):
-        from edgeinfer import scheduler
-        from edgeinfer.runtime.pipeline import check_choice
+        from edgeinfer.runtime import placement
+        from edgeinfer.runtime.stream.pipeline import check_choice
 
         if not isinstance(model, Model):
             from edgeinfer.api import load_any
@@ -92,22 +92,22 @@ class Session:
             options[backend] = {**options.get(backend, {}), **engine_options}
         self.backend_options = options
         self.fallback = fallback
-        if executor not in (*scheduler.EXECUTORS, "auto", "ray"):
-            raise BackendError(f"executor {executor!r}: expected one of {', '.join(scheduler.EXECUTORS)}, auto, ray")
+        if executor not in (*placement.EXECUTORS, "auto", "ray"):
+            raise BackendError(f"executor {executor!r}: expected one of {', '.join(placement.EXECUTORS)}, auto, ray")
         check_choice(stages, replicas)
         if plan_budget is not None and (not isinstance(plan_budget, (int, float)) or plan_budget <= 0):
             raise BackendError(f"plan_budget {plan_budget!r}: expected a positive number of seconds")
         self.stages, self.replicas, self.plan_budget = stages, replicas, plan_budget
         self._ray_settings = None
         if executor == "ray":
-            from edgeinfer.runtime.ray import import_ray, ray_settings
+            from edgeinfer.runtime.stream.ray import import_ray, ray_settings
 
             import_ray()  # a clear error now if Ray is missing
             self._ray_settings = ray_settings(address, stage_resources, ray_options)
             if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
                 raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
         if backend != "auto":
-            names = scheduler.backend_priority(backend)  # a bad list is an error now
+            names = placement.backend_priority(backend)  # a bad list is an error now
             self.backend_name = backend if isinstance(backend, str) else ",".join(
                 n if isinstance(n, str) else n.name for n in names)
         else:
@@ -325,7 +325,7 @@ class Session:
         loop) cancels the rest. ``stages`` and ``replicas`` default to the session's; with
         ``executor="ray"`` the session's actors serve every stream.
         """
-        from edgeinfer.runtime import pipeline
+        from edgeinfer.runtime.stream import pipeline
 
         self._check_open()
         if plan not in ("background", "first"):
@@ -347,7 +347,7 @@ class Session:
         """The stage plan ``stream`` uses for requests like ``feeds`` (default: the session's
         ``example_feeds``, or random feeds when every input is static): stages, replicas,
         measured stage times. Planned once per choice and signature; later streams reuse it."""
-        from edgeinfer.runtime.pipeline import check_choice, plan_key, plan_stages
+        from edgeinfer.runtime.stream.pipeline import check_choice, plan_key, plan_stages
 
         stages = self.stages if stages is None else stages
         replicas = self.replicas if replicas is None else replicas
@@ -394,7 +394,7 @@ class Session:
 
     def _ray_pipeline(self, sample: dict[str, Any]) -> Any:
         """The session's Ray stage actors, planned and started on the first request."""
-        from edgeinfer.runtime.ray import RayPipeline
+        from edgeinfer.runtime.stream.ray import RayPipeline
 
         with self._lock:
             self._check_open()

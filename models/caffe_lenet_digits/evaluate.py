@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE))
 from train import CAFFEMODEL, PROTOTXT, split  # noqa: E402
 
 import edgeinfer as ei  # noqa: E402
-from edgeinfer.session import Session  # noqa: E402
+from edgeinfer.runtime.session import Session  # noqa: E402
 
 
 def evaluate(backend: str = "numpy", eim: str | None = None, repeats: int = 200) -> dict[str, float]:

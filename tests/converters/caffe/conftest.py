@@ -16,7 +16,7 @@ import edgeinfer as ei
 from devkit.testing import assert_close
 from edgeinfer.converters import caffe
 from edgeinfer.converters.caffe.prototxt import read_net
-from edgeinfer.session import Session
+from edgeinfer.runtime.session import Session
 
 # OpenCV computes in float32 with its own summation order (and im2col/winograd kernels);
 # outputs of deep random nets agree to ~1e-5 relative, values near zero need an atol.

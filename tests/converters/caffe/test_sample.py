@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 import edgeinfer as ei
-from edgeinfer.session import Session
+from edgeinfer.runtime.session import Session
 
 SAMPLE = Path(__file__).resolve().parents[3] / "models" / "caffe_lenet_digits"
 

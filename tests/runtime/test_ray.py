@@ -160,7 +160,7 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
 
 
 def test_the_driver_compiles_no_stage_and_leaves_a_ray_it_did_not_start_running(local_ray, cnn, monkeypatch):
-    from edgeinfer.runtime import pipeline
+    from edgeinfer.runtime.stream import pipeline
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("the driver compiled a stage it hands to an actor")

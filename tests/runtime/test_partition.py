@@ -11,8 +11,8 @@ import pytest
 import edgeinfer as ei
 from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError
-from edgeinfer.scheduler import build_executor, make_backends, make_plan
-from edgeinfer.scheduler.partition import split_branches
+from edgeinfer.runtime.partition import split_branches
+from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
 
 from .backends import RestrictedBackend
 
@@ -260,7 +260,7 @@ def test_compile_probes_judge_a_weights_dequantize_with_its_reader():
     pytest.importorskip("ai_edge_litert")
     from edgeinfer.backend import get_backend
     from edgeinfer.runtime.fallback import _probe_units, probe_compile
-    from edgeinfer.scheduler.partition import Part
+    from edgeinfer.runtime.partition import Part
 
     model = _qdq_conv_pair()
     graph = model.graph

@@ -13,7 +13,7 @@ import edgeinfer as ei
 from devkit import zoo
 from devkit.testing import assert_close
 from edgeinfer.model import Model
-from edgeinfer.scheduler import auto
+from edgeinfer.runtime import auto
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 

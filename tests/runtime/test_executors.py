@@ -68,7 +68,7 @@ def test_dag_branches_overlap_on_two_threads_and_chains_stay_on_the_callers():
 def test_dag_executor_drops_each_value_after_its_last_reader(inception, monkeypatch):
     """A request keeps only the activations parts still have to read (and the graph outputs),
     not every value of the graph until it ends."""
-    from edgeinfer.scheduler.executors import CompiledPart
+    from edgeinfer.runtime.executors import CompiledPart
 
     proto, model = inception
     feeds = zoo.example_inputs(proto, seed=1)
@@ -259,7 +259,7 @@ def test_concurrency_counts_the_parts_neither_before_nor_after_each_part(seed):
     """What the DAG executor sizes its thread shares by, against reachability by search."""
     from types import SimpleNamespace
 
-    from edgeinfer.scheduler import _concurrency
+    from edgeinfer.runtime.placement import _concurrency
 
     rng = np.random.default_rng(seed)
     count = int(rng.integers(1, 60))

@@ -12,7 +12,7 @@ import edgeinfer as ei
 from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError
 from edgeinfer.runtime import auto_gpu
-from edgeinfer.scheduler import make_backends
+from edgeinfer.runtime.placement import make_backends
 
 torch = pytest.importorskip("torch")
 from edgeinfer.backends.torch import TorchBackend  # noqa: E402  (needs torch)
@@ -171,7 +171,7 @@ def test_the_cli_takes_a_backend_on_a_device_of_its_own(tmp_path, torch_refuses_
 
 
 def test_a_spec_device_travels_as_the_backends_device_option():
-    from edgeinfer.scheduler import spec_options
+    from edgeinfer.runtime.placement import spec_options
 
     options = {"torch": {"precision": "fp16"}, "onnxruntime": {}}
     assert spec_options(["torch@cuda:0", "onnxruntime", "numpy"], options) == {

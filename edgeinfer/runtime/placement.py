@@ -1,12 +1,12 @@
-"""The scheduler: place subgraphs on backends, then run them sequentially, as a DAG over a
-thread pool, or as a pipeline of stages over a stream of requests.
+"""Placement: which backend runs each node, and compiling the parts for an executor.
 
+    backends = make_backends(["onnxruntime", "numpy"])
     plan = make_plan(graph, backends)            # capability partition (see partition.py)
     print(plan.describe())                      # which subgraph runs where, and why
     runner = build_executor(plan, backends, threads=2, executor="dag")
     outputs = runner.run(feeds)
 
-``Session`` (edgeinfer/session.py) is the public face of all of this.
+``Session`` (``runtime/session.py``) is the public face of all of this.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from edgeinfer.backend import Backend, CompileOptions, get_backend, installed_backends
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph
-from edgeinfer.scheduler.executors import CompiledPart, DagExecutor, PlanRunner, SequentialExecutor
-from edgeinfer.scheduler.partition import Assignment, Part, assign, describe, group, split_branches
+from edgeinfer.runtime.executors import CompiledPart, DagExecutor, PlanRunner, SequentialExecutor
+from edgeinfer.runtime.partition import Assignment, Part, assign, describe, group, split_branches
 
 EXECUTORS = ("sequential", "dag")
 REFERENCE = "numpy"  # runs every ONNX op: the last resort of every placement

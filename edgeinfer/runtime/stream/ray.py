@@ -35,7 +35,7 @@ from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, 
 if TYPE_CHECKING:
     from edgeinfer.runtime.plans import CompiledPlan
 
-log = logging.getLogger("edgeinfer.scheduler.ray")
+log = logging.getLogger("edgeinfer.runtime.stream.ray")
 TRANSFER_BYTES_PER_SECOND = 1e9  # about a 10 GbE link; the object store on one machine is faster
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "resources", "memory")
 
@@ -54,8 +54,8 @@ class StageWorker:
     def __init__(self, eim: bytes, placement: list[str], backend_options: dict[str, dict], device: str,
                  fallback: bool, threads: int, keep: list[str]):
         from edgeinfer.api import load
-        from edgeinfer.scheduler import compile_parts, make_backends, make_plan
-        from edgeinfer.scheduler.executors import SequentialExecutor
+        from edgeinfer.runtime.executors import SequentialExecutor
+        from edgeinfer.runtime.placement import compile_parts, make_backends, make_plan
 
         self._folder = tempfile.TemporaryDirectory(prefix="edgeinfer-stage-")
         path = Path(self._folder.name) / "stage.eim"
@@ -118,8 +118,8 @@ class RayPipeline:
                  stages: int | str | None = "auto", replicas: Any = "auto", stage_resources: Any = None,
                  transfer_bytes_per_second: float | None = TRANSFER_BYTES_PER_SECOND, max_restarts: int = 3,
                  ray_init: Mapping[str, Any] | None = None):
-        from edgeinfer.runtime.pipeline import plan_stages
-        from edgeinfer.scheduler import backend_priority, spec_options
+        from edgeinfer.runtime.placement import backend_priority, spec_options
+        from edgeinfer.runtime.stream.pipeline import plan_stages
 
         ray = import_ray()
         self.ray = ray

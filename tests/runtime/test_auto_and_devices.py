@@ -14,7 +14,7 @@ from devkit.testing import assert_close
 from edgeinfer.backend import get_backend, installed_backends
 from edgeinfer.backends.onnxruntime import device_providers
 from edgeinfer.errors import BackendError
-from edgeinfer.scheduler import auto
+from edgeinfer.runtime import auto
 
 from .backends import RestrictedBackend
 
@@ -52,7 +52,7 @@ def test_auto_measures_then_reuses_its_cached_choice(model, tmp_path, monkeypatc
 
 def test_a_corrupt_cache_is_ignored_and_rewritten(model, tmp_path, caplog):
     (tmp_path / auto.CACHE_FILE).write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="edgeinfer.scheduler.auto"):
+    with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.auto"):
         session = ei.Session(model, backend="auto", threads=1, cache=tmp_path)
     assert "unreadable" in caplog.text
     assert json.loads((tmp_path / auto.CACHE_FILE).read_text())[session.auto_choice.key]

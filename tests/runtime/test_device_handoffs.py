@@ -14,7 +14,7 @@ import pytest
 
 import edgeinfer as ei
 from devkit.testing import assert_close, parse_model
-from edgeinfer.scheduler import build_executor, make_backends, make_plan
+from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
 
 torch = pytest.importorskip("torch")
 from edgeinfer.backends.torch import TorchExecutable  # noqa: E402  (needs torch)

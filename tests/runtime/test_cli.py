@@ -126,7 +126,7 @@ def test_run_auto_shows_each_candidate_and_its_choice_with_the_margin(cnn_file, 
     lines = result.output.splitlines()
     candidates = [line for line in lines if line.startswith("auto: candidate ")]
     from edgeinfer.backend import installed_backends
-    from edgeinfer.scheduler.auto import candidates as auto_candidates
+    from edgeinfer.runtime.auto import candidates as auto_candidates
 
     assert len(candidates) == len(auto_candidates(installed_backends()))
     chosen = next(line for line in lines if line.startswith("auto: chose "))

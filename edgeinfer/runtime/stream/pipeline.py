@@ -46,8 +46,8 @@ import numpy as np
 
 from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, SchedulerError
 from edgeinfer.runtime.executors import SequentialExecutor, settle
-from edgeinfer.scheduler import compile_parts, make_plan
-from edgeinfer.scheduler.planner import (
+from edgeinfer.runtime.placement import compile_parts, make_plan
+from edgeinfer.runtime.stream.planner import (
     best_time,
     cut_seconds,
     profile_nodes,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from edgeinfer.backend import Backend
     from edgeinfer.runtime.plans import CompiledPlan
 
-log = logging.getLogger("edgeinfer.scheduler.pipeline")
+log = logging.getLogger("edgeinfer.runtime.stream.pipeline")
 _STOP = None  # one per worker: the worker that takes it exits
 _END = object()  # the intake's last word: how many requests it admitted
 _ADMITTED = object()  # a request entered the pipeline (its timeout clock runs)
@@ -431,7 +431,7 @@ def _other_engines(compiled: CompiledPlan) -> list[tuple[str, tuple[list[Backend
     if compiled.auto_choice is None:
         return []
     from edgeinfer.backend import installed_backends
-    from edgeinfer.scheduler import make_backends
+    from edgeinfer.runtime.placement import make_backends
 
     settings = compiled.settings
     chosen = {b.name for b in compiled.backends}
