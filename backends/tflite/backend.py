@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backends.common import first_line, merged_options, missing_device, refuse_unsupported
 from edgeinfer.engine_logs import native_info_quiet
 from edgeinfer.errors import BackendError, EdgeInferError
 from edgeinfer.format.tflite import export_tflite, node_support
@@ -42,11 +43,6 @@ def runtime() -> Any:
             raise ImportError("no TFLite runtime: expected ai_edge_litert or tflite_runtime to be installed "
                               "(pip install 'edgeinfer[tflite]')") from exc
     return interpreter
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:600]
 
 
 class TFLiteExecutable(Executable):
@@ -107,7 +103,7 @@ class TFLiteExecutable(Executable):
         except (RuntimeError, ValueError) as exc:
             shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
             raise BackendError(f"the TFLite interpreter failed to run graph {self.graph.name!r} with inputs "
-                               f"{shapes}: {_first_line(exc)}") from exc
+                               f"{shapes}: {first_line(exc)}") from exc
         return dict(zip(self.output_names, results, strict=True))
 
     def stats(self) -> dict[str, Any]:
@@ -127,9 +123,7 @@ class TFLiteBackend(Backend):
         if device != "cpu" and not self.engine_options.get("delegate"):
             message = (f"tflite backend: device {device!r} needs a delegate library (engine option delegate=PATH, "
                        "e.g. libtensorflowlite_gpu_delegate.so or libedgetpu.so.1); found none")
-            if not fallback:
-                raise BackendError(message + " (fallback=True runs on the CPU instead)")
-            log.warning("%s; falling back to the CPU (XNNPACK)", message)
+            missing_device(message, fallback, log, "falling back to the CPU (XNNPACK)")
             self.device = "cpu"
         if self.engine_options.get("delegate"):
             try:
@@ -148,13 +142,10 @@ class TFLiteBackend(Backend):
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> TFLiteExecutable:
         options = options or CompileOptions()
-        engine = {**self.engine_options, **_check_engine_options(options.engine_options)}
+        engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
         if options.threads is not None and (not isinstance(options.threads, int) or options.threads < 1):
             raise BackendError(f"tflite backend: threads must be a positive integer, got {options.threads!r}")
-        unsupported = self.unsupported(graph)
-        if unsupported:
-            listed = "; ".join(f"{label}: {reason}" for label, reason in list(unsupported.items())[:5])
-            raise BackendError(f"tflite cannot run {len(unsupported)} node(s) of graph {graph.name!r}: {listed}")
+        refuse_unsupported("tflite", graph.name, self.unsupported(graph))
         try:
             flatbuffer = export_tflite(graph)
         except EdgeInferError as exc:
@@ -173,7 +164,7 @@ class TFLiteBackend(Backend):
         try:
             interpreter = make_interpreter()
         except (RuntimeError, ValueError) as exc:
-            raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {_first_line(exc)}") from exc
+            raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: {first_line(exc)}") from exc
         allocated = True
         try:
             with native_info_quiet():
@@ -181,7 +172,7 @@ class TFLiteBackend(Backend):
         except (RuntimeError, ValueError) as exc:
             if not dynamic:
                 raise BackendError(f"the TFLite interpreter could not load graph {graph.name!r}: "
-                                   f"{_first_line(exc)}") from exc
+                                   f"{first_line(exc)}") from exc
             # the placeholder dims of a dynamic input are no request; each real shape gets its own
             allocated = False
         if not dynamic:
@@ -200,7 +191,7 @@ class TFLiteBackend(Backend):
             return runtime().load_delegate(path, dict(engine.get("delegate_options") or {}))
         except (ValueError, OSError, RuntimeError) as exc:
             raise BackendError(f"tflite backend: delegate library {path!r} cannot be loaded: "
-                               f"{_first_line(exc)}") from exc
+                               f"{first_line(exc)}") from exc
 
 
 def _has_dynamic_inputs(graph: Graph) -> bool:
@@ -229,7 +220,7 @@ def _probe(interpreter: Any, graph: Graph) -> None:
         except (RuntimeError, ValueError) as exc:
             failures.append(exc)
     raise BackendError(f"the TFLite interpreter could not run graph {graph.name!r} (probed with zeros "
-                       f"when compiled): {_first_line(failures[0])}") from failures[0]
+                       f"when compiled): {first_line(failures[0])}") from failures[0]
 
 
 def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:

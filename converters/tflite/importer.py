@@ -95,6 +95,7 @@ class SubgraphImporter:
         self.fp16_weights: set[int] = set()
         self.where = f"{model.where}: subgraph {subgraph.index} ({subgraph.name})"
         self.graph_inputs: list[Value] = []  # set for the main subgraph (for shape inference)
+        self.reading: OperatorDef | None = None  # the operator being converted (None: reading outputs)
 
     # -- values ------------------------------------------------------------------------------
     def tensor(self, index: int) -> TensorDef:
@@ -123,10 +124,26 @@ class SubgraphImporter:
         tensor = self.tensor(index)
         data = self.constant(index)
         if data is None:
-            raise ModelFormatError(f"{self.where}: tensor #{index} {tensor.name!r} is read before any "
-                                   "operator produces it and has no data")
+            raise self._undefined(tensor)
         self.raw[index] = self.builder.const(data, tensor.name, stored_fp16=index in self.fp16_weights)
         return self.raw[index]
+
+    def _undefined(self, tensor: TensorDef) -> ModelFormatError:
+        """The error for reading ``tensor`` where nothing defines it, saying what was found."""
+        reader = self.reading.label if self.reading is not None else "a subgraph output"
+        buffer = self.model.buffers[tensor.buffer]
+        if tensor.buffer == 0:
+            data = "it uses buffer 0 (no data: the mark of an activation)"
+        elif buffer is None or len(buffer) == 0:
+            data = f"its buffer {tensor.buffer} is empty"
+        else:
+            data = f"its buffer {tensor.buffer} holds {len(buffer)} bytes"
+        producer = self.subgraph.producers.get(tensor.index)
+        written = (f"{producer.label} writes it only later" if producer is not None else "no operator writes it")
+        return ModelFormatError(
+            f"{self.where}: {reader} reads tensor #{tensor.index} {tensor.name!r} ({tensor.type_name} "
+            f"{list(tensor.shape)}); expected a subgraph input, a constant with data or an earlier operator's "
+            f"output, found none: {written} and {data}")
 
     def is_quantized(self, tensor: TensorDef) -> bool:
         if tensor.quant is None or tensor.dtype not in _QUANT_DTYPES:
@@ -190,8 +207,10 @@ class SubgraphImporter:
     def run(self) -> None:
         for op in self.subgraph.operators:
             self.convert_operator(op)
+        self.reading = None
 
     def convert_operator(self, op: OperatorDef) -> None:
+        self.reading = op
         # A custom op with a rule of its own (MediaPipe's) is looked up by its custom code.
         entry = RULES.lookup(op.custom_code) if op.opcode == "CUSTOM" and op.custom_code else None
         entry = entry or RULES.lookup(op.opcode)
@@ -320,7 +339,7 @@ class OpContext:
     def int8_clip_range(self) -> tuple[int, int] | None:
         """The fused activation as an int8 range on output 0 (TFLite's
         ``CalculateActivationRangeQuantized``); None for activations that are not a clamp."""
-        from edgeinfer.converters.tflite import schema
+        from edgeinfer.format.tflite import schema
 
         code = self.options.get("fused_activation_function", 0)
         act = schema.ACTIVATIONS[code] if 0 <= code < len(schema.ACTIVATIONS) else None
@@ -411,7 +430,7 @@ def _dims(tensor: TensorDef) -> tuple:
 
 
 def apply_activation(ctx: OpContext, name: str, code: int, out: str | None) -> str:
-    from edgeinfer.converters.tflite import schema
+    from edgeinfer.format.tflite import schema
 
     act = schema.ACTIVATIONS[code] if 0 <= code < len(schema.ACTIVATIONS) else f"#{code}"
     if act == "NONE":

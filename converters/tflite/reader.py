@@ -13,6 +13,7 @@ come from ``schema.py``.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -21,10 +22,10 @@ import flatbuffers.util
 import numpy as np
 
 from edgeinfer import limits
-from edgeinfer.converters.tflite import schema
-from edgeinfer.converters.tflite.schema import Slot
 from edgeinfer.converters.tflite.sparsity import Sparsity, densify, read_sparsity
 from edgeinfer.errors import ModelFormatError
+from edgeinfer.format.tflite import schema
+from edgeinfer.format.tflite.schema import Slot
 
 _SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "f": 4, "q": 8, "Q": 8, "d": 8}
 
@@ -200,6 +201,16 @@ class SubGraphDef:
     outputs: tuple[int, ...]
     operators: list[OperatorDef]
 
+    @functools.cached_property
+    def producers(self) -> dict[int, OperatorDef]:
+        """Tensor index -> the first operator that writes it."""
+        found: dict[int, OperatorDef] = {}
+        for op in self.operators:
+            for index in op.outputs:
+                if index >= 0:
+                    found.setdefault(index, op)
+        return found
+
 
 @dataclass
 class ModelDef:
@@ -212,12 +223,15 @@ class ModelDef:
     def tensor_data(self, tensor: TensorDef, subgraph: SubGraphDef) -> np.ndarray | None:
         """The constant contents of ``tensor`` (a read-only view), or None for an activation."""
         raw = self.buffers[tensor.buffer]
-        if raw is None or len(raw) == 0:
+        empty = raw is None or len(raw) == 0
+        if empty and not self.is_empty_constant(tensor, subgraph):
             return None
         where = f"{self.where}: subgraph {subgraph.index} tensor #{tensor.index} {tensor.name!r}"
         dtype = tensor.dtype
         if dtype is None:
             raise ModelFormatError(f"{where}: constant of type {tensor.type_name} cannot be imported")
+        if empty:
+            return np.zeros(tensor.shape, dtype)
         dt = np.dtype(dtype).newbyteorder("<")
         if tensor.sparsity is not None:
             if len(raw) % dt.itemsize:
@@ -230,6 +244,18 @@ class ModelDef:
             raise ModelFormatError(f"{where}: buffer {tensor.buffer} holds {len(raw)} bytes, expected "
                                    f"{count * dt.itemsize} for shape {list(tensor.shape)} of {tensor.type_name}")
         return np.frombuffer(raw, dtype=dt, count=count).reshape(tensor.shape).astype(dtype, copy=False)
+
+    def is_empty_constant(self, tensor: TensorDef, subgraph: SubGraphDef) -> bool:
+        """Whether ``tensor`` is a constant holding no values: a buffer of its own (not the
+        sentinel buffer 0, which marks an activation) that is empty, a static shape with a
+        zero-sized dim, and nothing else defines it (no operator writes it, it is no subgraph
+        input or variable). onnx-tf writes the int32 [0] shape of a RESHAPE to a scalar so;
+        LiteRT allocates such a tensor without data, which needs none."""
+        raw = self.buffers[tensor.buffer]
+        dynamic = tensor.signature is not None and -1 in tensor.signature
+        return (tensor.buffer != 0 and (raw is None or len(raw) == 0) and math.prod(tensor.shape) == 0
+                and not dynamic and not tensor.is_variable and tensor.index not in subgraph.inputs
+                and tensor.index not in subgraph.producers)
 
 
 def read_model(data: bytes | bytearray | memoryview, where: str = "<tflite>") -> ModelDef:

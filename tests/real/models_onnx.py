@@ -6,6 +6,11 @@
 - nudenet: a YOLOv8n detector (torch.onnx 2.3, symbolic output dims);
 - silero-vad: voice activity detectors with recurrent state, as ``If`` over two sample
   rates (spox, torch.onnx), fp16 inside, If-less, and a sequence variant with an LSTM;
+- openwakeword 0.5.1: the wake-word pipeline's three stages (torch.onnx and tf2onnx): a
+  mel-spectrogram front end over 16 kHz int16-scaled audio (dynamic length), Google's
+  speech_embedding CNN over windows of 76 mel frames, and the "hey jarvis" classifier head
+  (an ``If`` inside) over 16 embeddings. Each stage is fed what the stage before it gives on
+  ``speech_like``, computed by onnxruntime on the package's own files, as openwakeword does;
 - onnx's own shipped "light" model-zoo graphs (caffe2 exports at opset 9: LRN, grouped
   convolutions, Sum, Dropout), whose weights are constant fills (0.02). The light SqueezeNet
   is not here: its fills give logits of about 1e9 that are equal across the 1000 classes, so
@@ -16,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -90,6 +96,51 @@ def sequence_feeds():
     rng = np.random.default_rng(1)
     return [frames, (0.1 * rng.standard_normal((1, 1, 128))).astype(np.float32),
             (0.1 * rng.standard_normal((1, 1, 128))).astype(np.float32)]
+
+
+# ----------------------------------------------------------------------------- openwakeword
+
+WAKEWORD = "openwakeword/resources/models/"
+WAKEWORD_CHUNK = 1280 + 3 * 160  # a streaming call: 80 ms of new audio and 3 hops of context
+MEL_WINDOW, MEL_STEP = 76, 8  # frames per embedding window, frames between windows
+# The heads' scores on speech that holds no wake word are 1e-6 to 1e-3, which a 1e-5 floor would
+# hide; 1e-7 is above what onnxruntime's Sigmoid (an approximation) differs from an exact one by.
+HEAD_ATOL = 1e-7
+
+
+def wakeword_file(name: str):
+    return model_file("openwakeword", WAKEWORD + name)
+
+
+def wakeword_audio(seconds: float = 2.0) -> np.ndarray:
+    """``speech_like`` as openwakeword takes it: 16 kHz int16 sample values, float32, ``[1, n]``."""
+    return np.round(speech_like(seconds) * 32767).astype(np.float32)[None]
+
+
+@functools.lru_cache(maxsize=1)
+def wakeword_mel_windows() -> np.ndarray:
+    """``[n, 76, 32, 1]``: the package's melspectrogram.onnx on 2 s of speech, transformed
+    (``x / 10 + 2``) and cut into windows as ``AudioFeatures._get_embeddings`` does."""
+    mel = run_onnxruntime(wakeword_file("melspectrogram.onnx"), [wakeword_audio()])[0]
+    spec = np.squeeze(mel) / 10 + 2
+    windows = [spec[i:i + MEL_WINDOW] for i in range(0, spec.shape[0] - MEL_WINDOW + 1, MEL_STEP)]
+    return np.stack(windows)[..., None].astype(np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def wakeword_embeddings() -> np.ndarray:
+    """``[1, 16, 96]``: the package's embedding_model.onnx on those windows, the 16 (1.28 s)
+    that a wake-word head reads."""
+    embeddings = run_onnxruntime(wakeword_file("embedding_model.onnx"), [wakeword_mel_windows()])[0]
+    return np.ascontiguousarray(embeddings.reshape(-1, 96)[None, :16])
+
+
+def wakeword_chunk() -> list[np.ndarray]:
+    return [np.ascontiguousarray(wakeword_audio()[:, 8000:8000 + WAKEWORD_CHUNK])]
+
+
+def wakeword_windows() -> list[np.ndarray]:
+    return [np.ascontiguousarray(wakeword_mel_windows()[4:8])]
 
 
 MODELS: list[RealModel] = [
@@ -197,10 +248,26 @@ MODELS: list[RealModel] = [
         note="spox; static shapes, several nodes share one name",
         refuses={"tflite-export": "only 2-D convolutions"},
     ),
-    light("shufflenet", "coffee", "grouped convolutions, channel shuffle",
-          refuses={"tflite-export": "AveragePool with explicit pads that exclude padding"}),
+    RealModel(
+        id="openwakeword/melspectrogram", package="openwakeword", format="onnx", task="audio-features",
+        source=lambda: wakeword_file("melspectrogram.onnx"), feeds=wakeword_chunk,
+        refuses={"tflite-export": "more than one dim unknown at export"},  # batch and length
+        note="torch.onnx 1.11: STFT as Conv over the samples, power, mel MatMul, Log, clipped below its ReduceMax; "
+             "batch and length dynamic; fed one streaming chunk (1760 int16-scaled samples)",
+    ),
+    RealModel(
+        id="openwakeword/embedding_model", package="openwakeword", format="onnx", task="audio-embedding",
+        source=lambda: wakeword_file("embedding_model.onnx"), feeds=wakeword_windows,
+        note="tf2onnx 1.12: Google's speech_embedding CNN (LeakyRelu, Max), four windows of 76 mel frames of speech",
+    ),
+    RealModel(
+        id="openwakeword/hey_jarvis", package="openwakeword", format="onnx", task="wake-word",
+        source=lambda: wakeword_file("hey_jarvis_v0.1.onnx"), feeds=lambda: [wakeword_embeddings()],
+        atol=HEAD_ATOL, refuses={"tflite-export": "no TFLite export rule for this op"},  # the If's GreaterOrEqual
+        note="torch.onnx 1.12: dense layers with LayerNorm and an If; 16 embeddings of speech (no wake word)",
+    ),
+    light("shufflenet", "coffee", "grouped convolutions, channel shuffle; AveragePool excluding its pads"),
     light("resnet50", "astronaut", "Sum", refuses={"tflite-export": "no TFLite export rule for this op"}),
-    light("inception_v1", "chelsea", "LRN",
-          refuses={"tflite-export": "AveragePool with explicit pads that exclude padding"}),
+    light("inception_v1", "chelsea", "LRN; AveragePool excluding its pads"),
     light("densenet121", "coffee", "1746 nodes"),
 ]

@@ -14,9 +14,9 @@ import struct
 
 import numpy as np
 
-from edgeinfer.converters.tflite import schema
 from edgeinfer.converters.tflite.importer import NCHW_TO_NHWC, NHWC_TO_NCHW, OpContext, rule
 from edgeinfer.errors import UnsupportedOpError
+from edgeinfer.format.tflite import schema
 
 
 def same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:

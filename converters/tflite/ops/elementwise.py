@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer.converters.tflite.importer import OpContext, apply_activation, rule
-from edgeinfer.converters.tflite.schema import ACTIVATIONS
+from edgeinfer.format.tflite.schema import ACTIVATIONS
 
 _BINARY = {"ADD": ("Add", "AddOptions"), "SUB": ("Sub", "SubOptions"), "MUL": ("Mul", "MulOptions"),
            "DIV": ("Div", "DivOptions")}

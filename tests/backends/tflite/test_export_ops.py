@@ -80,6 +80,11 @@ CASES = {  # name -> (inputs, output, initializers, body)
                                   "c = Conv (x, w)\nt = Transpose <perm = [0, 2, 3, 1]> (c)\ny = Flatten (t)"),
     "matmul_activations": ("float[2, 3, 8] x, float[2, 8, 5] z", "float[2, 3, 5] y", "",
                            "y = MatMul (x, z)"),
+    "sum_one": ("float[3, 7] x", "float[3, 7] y", "", "s = Sum (x)\ny = Relu (s)"),
+    "sum_two_broadcast": (X4, "float[1, 4, 6, 6] y", _weights((4, 4, 1, 1)),
+                          "c = Conv (x, w)\nb = Constant <value = float[4, 1, 1] {0.5, -1, 2, 0}> ()\n"
+                          "s = Sum (c, b)\ny = Relu (s)"),
+    "sum_three": (X4, "float[1, 4, 6, 6] y", _weights((4, 4, 1, 1)), "c = Conv (x, w)\ny = Sum (c, x, c)"),
 }
 
 
@@ -116,6 +121,15 @@ def test_transpose_of_nhwc_value_is_free():
     assert ops.count("TRANSPOSE") == 1 and "RESHAPE" in ops  # only the input's
 
 
+def test_sum_is_add_or_add_n():
+    """Two inputs: ADD, which broadcasts and takes the following Relu as its fused activation
+    (the ONNX model zoo's ShuffleNet sums so); three: ADD_N, in the conv output's NHWC."""
+    assert [op for op in opcodes(export_tflite(_model("sum_two_broadcast").graph))
+            if op not in ("TRANSPOSE", "CONV_2D")] == ["ADD"]
+    ops = opcodes(export_tflite(_model("sum_three").graph))
+    assert "ADD_N" in ops and ops.count("TRANSPOSE") == 2
+
+
 UNSUPPORTED = {
     "cubic resize": (X4, "float[1, 4, 12, 12] y", "",
                      "roi = Constant <value = float[0] {}> ()\nscales = Constant <value = float[4] {1, 1, 2, 2}> ()\n"
@@ -123,6 +137,8 @@ UNSUPPORTED = {
     "edge pad": (X4, "float[1, 4, 8, 8] y", "",
                  "pads = Constant <value = int64[8] {0, 0, 1, 1, 0, 0, 1, 1}> ()\ny = Pad <mode = \"edge\"> (x, pads)"),
     "no rule": ("float[3, 7] x", "float[3, 7] y", "", "y = Hardmax (x)"),
+    "broadcast sum of three": ("float[3, 7] x", "float[3, 7] y", "float[7] b = {1, 2, 3, 4, 5, 6, 7}",
+                               "y = Sum (x, b, x)"),
 }
 
 

@@ -12,7 +12,7 @@ import flatbuffers
 import numpy as np
 import pytest
 
-from edgeinfer.converters.tflite import schema
+from edgeinfer.format.tflite import schema
 
 ADD_OPTIONS = schema.OPTIONS_TABLES["AddOptions"].union_type
 

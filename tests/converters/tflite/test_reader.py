@@ -12,7 +12,7 @@ import pytest
 import edgeinfer as ei
 from devkit.testing import assert_close
 from edgeinfer.converters import tflite
-from edgeinfer.converters.tflite import schema
+from edgeinfer.format.tflite import schema
 from edgeinfer.errors import EdgeInferError
 
 X = np.array([[1.0, 2.0, -3.0, 4.0]], np.float32)

@@ -152,6 +152,39 @@ for _op, _opcode in BINARY.items():
     export_rule(_op, check=check_binary, int8="any" if _opcode in ("ADD", "SUB", "MUL") else "none")(_binary(_opcode))
 
 
+def _terms(node: Node) -> list[str]:
+    return [name for name in node.inputs if name]
+
+
+def check_sum(node: Node, graph: Graph) -> str | None:
+    terms = _terms(node)
+    if len(terms) > 2 and any(graph.values[name].shape != graph.values[node.outputs[0]].shape for name in terms):
+        return (f"a Sum of {len(terms)} inputs is ADD_N, which does not broadcast; expected every input of the "
+                f"output's shape, found {[graph.values[name].shape for name in terms]}")
+    return check_binary(node, graph)
+
+
+_add = _binary("ADD")
+
+
+def _int8_sum(node: Node, graph: Graph) -> bool:
+    return len(_terms(node)) == 2  # ADD's integer kernel; ADD_N has none
+
+
+@export_rule("Sum", check=check_sum, int8="any", int8_when=_int8_sum)
+def sum_(ctx: OpContext) -> None:
+    """ONNX's n-ary Sum (ShuffleNet's residual adds; the TFLite importer's ADD_N): one input
+    is itself, two an ADD (which broadcasts and fuses a following RELU), more an ADD_N."""
+    count = len(_terms(ctx.node))
+    if count == 1:
+        ctx.alias(0, 0)
+    elif count == 2:
+        _add(ctx)
+    else:
+        perm = ctx.layout(*range(count))
+        ctx.op("ADD_N", [ctx.input(k, perm) for k in range(count)], [ctx.output(0, perm)])
+
+
 # -- unary and activations --------------------------------------------------------------------------
 def _unary(opcode: str):
     def export(ctx: OpContext) -> None:

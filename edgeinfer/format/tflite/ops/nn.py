@@ -11,6 +11,11 @@ from edgeinfer.ir import Graph, Node
 
 
 # -- pooling -----------------------------------------------------------------------------------------
+def _kernel_strides(node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return (tuple(int(k) for k in node.attrs["kernel_shape"]),
+            tuple(int(s) for s in node.attrs.get("strides", (1, 1))))
+
+
 def check_pool(node: Node, graph: Graph) -> str | None:
     x = graph.values.get(node.inputs[0])
     if x is None or x.rank != 4:
@@ -19,8 +24,7 @@ def check_pool(node: Node, graph: Graph) -> str | None:
         return "dilated pooling and storage_order=1 have no TFLite equivalent"
     if len([o for o in node.outputs if o]) > 1:
         return "MaxPool's indices output has no TFLite equivalent"
-    kernel = tuple(int(k) for k in node.attrs["kernel_shape"])
-    strides = tuple(int(s) for s in node.attrs.get("strides", (1, 1)))
+    kernel, strides = _kernel_strides(node)
     pads = explicit_pads(node, x.shape[2:], kernel, strides, (1, 1))
     if int(node.attrs.get("ceil_mode", 0)) and not _ceil_is_same(node, kernel, strides, pads):
         if pads is None or not all(isinstance(d, int) for d in x.shape[2:]):
@@ -28,11 +32,48 @@ def check_pool(node: Node, graph: Graph) -> str | None:
         for size, k, s, before, after in zip(x.shape[2:], kernel, strides, pads[:2], pads[2:], strict=True):
             if (size + before + after - k) % s:
                 return "ceil_mode changes the output size here; TFLite pools with floor"
-    if node.op_type == "AveragePool" and pads is not None and any(pads):
-        same = all(isinstance(d, int) for d in x.shape[2:]) and pads == _same(x.shape[2:], kernel, strides)
-        if not same and not int(node.attrs.get("count_include_pad", 0)):
-            return "AveragePool with explicit pads that exclude padding from the count has no TFLite form"
+    if _needs_count_map(node, x.shape[2:], kernel, strides, pads):
+        if not all(isinstance(d, int) for d in x.shape[2:]):
+            return ("AveragePool with explicit pads that exclude padding from the count needs static spatial "
+                    f"dims (for its per-position divisor), found {list(x.shape[2:])}")
+        counts = _real_counts(x.shape[2:], kernel, strides, pads)
+        if not all(c.min() > 0 for c in counts):
+            return (f"AveragePool pads {list(pads)} leave a window of kernel {list(kernel)} with no input "
+                    "element (expected pads smaller than the kernel); its average is undefined")
     return None
+
+
+def _needs_count_map(node: Node, hw: tuple, kernel, strides, pads) -> bool:
+    """Whether an AveragePool excludes explicit pads that TFLite's SAME padding would not pad
+    from its count: exported as PAD (zeros), a VALID pool (which divides by the kernel area)
+    and a MUL by ``kernel area / real elements`` of each window (``_count_scale``)."""
+    if node.op_type != "AveragePool" or int(node.attrs.get("count_include_pad", 0)) or pads is None or not any(pads):
+        return False
+    return not (all(isinstance(d, int) for d in hw) and pads == _same(hw, kernel, strides))
+
+
+def _real_counts(hw: tuple[int, int], kernel, strides, pads) -> list[np.ndarray]:
+    """Per spatial axis, how many input (not padding) elements each window covers."""
+    counts = []
+    for size, k, s, before, after in zip(hw, kernel, strides, pads[:2], pads[2:], strict=True):
+        start = np.arange((size + before + after - k) // s + 1) * s - before
+        counts.append(np.minimum(start + k, size) - np.maximum(start, 0))
+    return counts
+
+
+def _count_scale(hw: tuple[int, int], kernel, strides, pads) -> np.ndarray:
+    """``kernel area / real elements`` per output position, NHWC [1, OH, OW, 1]: what turns
+    a VALID average over zero-padded input into the average over the real elements only."""
+    rows, cols = _real_counts(hw, kernel, strides, pads)
+    return (kernel[0] * kernel[1] / np.outer(rows, cols)).astype(np.float32)[None, :, :, None]
+
+
+def _int8_pool(node: Node, graph: Graph) -> bool:
+    """The integer pool applies unless the divisor needs the float MUL by a count map."""
+    x = graph.values[node.inputs[0]]
+    kernel, strides = _kernel_strides(node)
+    return not _needs_count_map(node, x.shape[2:], kernel, strides,
+                                explicit_pads(node, x.shape[2:], kernel, strides, (1, 1)))
 
 
 def _ceil_is_same(node: Node, kernel, strides, pads) -> bool:
@@ -51,8 +92,7 @@ def _same(hw, kernel, strides) -> tuple[int, ...]:
 
 def _pool(opcode: str):
     def export(ctx: OpContext) -> None:
-        kernel = tuple(int(k) for k in ctx.attrs["kernel_shape"])
-        strides = tuple(int(s) for s in ctx.attrs.get("strides", (1, 1)))
+        kernel, strides = _kernel_strides(ctx.node)
         in_nhwc = tuple(ctx.shape(0)[a] for a in NCHW_TO_NHWC)
         if _ceil_is_same(ctx.node, kernel, strides, explicit_pads(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))):
             padding, pads = "SAME", None
@@ -62,18 +102,24 @@ def _pool(opcode: str):
             # TFLite's SAME average leaves the padding out of the count; pad explicitly instead.
             pads = explicit_pads(ctx.node, in_nhwc[1:3], kernel, strides, (1, 1))
             padding = "VALID" if pads is not None and any(pads) else padding
+        count_map = padding == "VALID" and _needs_count_map(ctx.node, in_nhwc[1:3], kernel, strides, pads)
         x = ctx.input(0, NCHW_TO_NHWC)
         if pads is not None:
             x = pad_nhwc(ctx, x, pads, in_nhwc, value=-np.finfo(np.float32).max if opcode == "MAX_POOL_2D" else None)
-        ctx.op(opcode, [x], [ctx.output(0, NCHW_TO_NHWC)], options="Pool2DOptions",
+        out = ctx.output(0, NCHW_TO_NHWC)
+        pooled = ctx.temp(tuple(ctx.out_shape()[a] for a in NCHW_TO_NHWC), "pooled") if count_map else out
+        ctx.op(opcode, [x], [pooled], options="Pool2DOptions",
                padding=0 if padding == "SAME" else 1, stride_h=strides[0], stride_w=strides[1],
                filter_height=kernel[0], filter_width=kernel[1], fused_activation_function=0)
+        if count_map:
+            scale = ctx.constant(_count_scale(in_nhwc[1:3], kernel, strides, pads), "count_scale")
+            ctx.op("MUL", [pooled, scale], [out], options="MulOptions", fused_activation_function=0)
 
     return export
 
 
 export_rule("MaxPool", check=check_pool, int8="same")(_pool("MAX_POOL_2D"))
-export_rule("AveragePool", check=check_pool, int8="same")(_pool("AVERAGE_POOL_2D"))
+export_rule("AveragePool", check=check_pool, int8="same", int8_when=_int8_pool)(_pool("AVERAGE_POOL_2D"))
 
 
 def check_rank4(node: Node, graph: Graph) -> str | None:
