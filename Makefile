@@ -9,6 +9,9 @@ $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[all,test]"
+	# Keras 2 (tf_keras), for the tests that write Keras-2 files: its release matches TensorFlow's
+	# minor version and names the full tensorflow package, so it goes in without dependencies
+	$(BIN)/python -m pip install --quiet --no-deps "tf_keras~=$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu").rsplit(".", 1)[0])').0"
 	touch $@
 
 install: $(STAMP)

@@ -35,12 +35,13 @@ def _frontend(name: str):
 EIM_MAGIC = b"EIM\x00"
 TFLITE_IDENTIFIER = b"TFL3"  # bytes 4..8 of a TFLite flatbuffer
 ZIP_MAGIC = b"PK\x03\x04"
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"  # a legacy Keras .h5/.hdf5 model
 KERAS_MEMBERS = {"config.json", "metadata.json"}
 
 
 def sniff_format(path: str | os.PathLike) -> str | None:
     """The format of the file at ``path`` from its content where the content says it: ``"eim"``
-    (magic), ``"tflite"`` (flatbuffer identifier), ``"tensorflow"`` (a Keras v3 zip),
+    (magic), ``"tflite"`` (flatbuffer identifier), ``"tensorflow"`` (a Keras v3 zip or an HDF5 file),
     ``"pytorch"`` (another zip, or a pickle, which that front end refuses); None for formats
     without a signature (ONNX and caffemodel protobufs, prototxt text), left to the suffix."""
     try:
@@ -52,6 +53,8 @@ def sniff_format(path: str | os.PathLike) -> str | None:
         return "eim"
     if head[4:8] == TFLITE_IDENTIFIER:
         return "tflite"
+    if head == HDF5_MAGIC:
+        return "tensorflow"
     if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):  # pickle protocol 2-5
         return "pytorch"
     if head[:4] == ZIP_MAGIC:

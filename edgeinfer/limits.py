@@ -52,7 +52,7 @@ LIMITS: tuple[Limit, ...] = (
           ".onnx", "ModelFormatError"),
     Limit("MAX_TEXT_BYTES", MAX_TEXT_BYTES, "bytes",
           "size of a text model definition, and of a JSON config inside an archive once inflated (no zip bombs)",
-          ".prototxt, config.json of .keras, payload configs of .pt2", "ModelFormatError"),
+          ".prototxt, config.json of .keras, model_config of .h5, payload configs of .pt2", "ModelFormatError"),
     Limit("MAX_DOCUMENT_BYTES", MAX_DOCUMENT_BYTES, "bytes",
           "the graph document of an .eim file (stored and once decompressed); tensor data is not limited: "
           "it is memory-mapped", ".eim", "ModelFormatError"),

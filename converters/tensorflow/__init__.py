@@ -1,5 +1,5 @@
-"""TensorFlow front end: in-memory ``keras.Model`` objects, ``.keras`` files and SavedModel
-directories into the IR.
+"""TensorFlow front end: in-memory ``keras.Model`` objects (functional, Sequential or
+subclassed), ``.keras`` and legacy ``.h5``/``.hdf5`` files, and SavedModel directories into the IR.
 
 Route: TensorFlow's own converter (``tf.lite.TFLiteConverter``) lowers the model to a float
 ``.tflite`` flatbuffer in memory, and the TFLite importer (``edgeinfer.converters.tflite``)
@@ -14,26 +14,37 @@ takes it from there. Why this route rather than reading Keras layers or TF Graph
 - no custom TensorFlow ops are allowed (``TFLITE_BUILTINS`` only), so what converts runs
   without TensorFlow.
 
+Where a model needs another way in, the module that takes it says why: ``keras_files``
+(safe loading of ``.keras`` and HDF5 files), ``subclassed`` (tracing a subclassed model from
+its input shapes), ``saved_model`` (the session-based loader for SavedModels that TensorFlow's
+object loader cannot rebuild).
+
 TensorFlow is imported only inside ``convert``; ``accepts`` looks at type names and paths.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-import zipfile
-import zlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from edgeinfer.errors import ConversionError, ModelFormatError
+from edgeinfer.converters.tensorflow.keras_files import (
+    ARCHIVE_SUFFIXES,
+    HDF5_SUFFIXES,
+    check_hdf5_config,
+    check_keras_config,
+    load_keras_file,
+)
+from edgeinfer.converters.tensorflow.lowering import run_converter
+from edgeinfer.converters.tensorflow.saved_model import SAVED_MODEL_FILE, convert_saved_model
+from edgeinfer.converters.tensorflow.subclassed import as_functional, has_functional_inputs
+from edgeinfer.errors import ConversionError
 from edgeinfer.ir import Graph
-from edgeinfer.limits import MAX_TEXT_BYTES
 
-KERAS_SUFFIXES = (".keras",)
-SAVED_MODEL_FILE = "saved_model.pb"
+KERAS_SUFFIXES = ARCHIVE_SUFFIXES + HDF5_SUFFIXES
 _FRAMEWORK_MODULES = ("keras", "tensorflow", "tf_keras")
+KERAS_ROUTE = "tf.lite.TFLiteConverter"
 
 
 def accepts(source: Any) -> bool:
@@ -45,9 +56,24 @@ def accepts(source: Any) -> bool:
                for cls in type(source).__mro__)
 
 
-def convert(source: Any, *, batch_size: int | None = None, dynamic_batch: bool = True,
-            representative_data=None) -> Graph:
-    """Convert a Keras model (object or ``.keras`` file) or a SavedModel directory.
+class Lowered(NamedTuple):
+    flatbuffer: bytes
+    fixed_batch: int | None  # the batch size that had to be fixed, or None
+    route: str  # how TensorFlow got there
+    traced_shapes: bool  # the inputs were declared here from input_shapes/example_inputs/built shapes
+
+
+def convert(source: Any, *, input_shapes: Mapping[str, Sequence[int]] | None = None, dynamic_batch: bool = False,
+            example_inputs: Any = None, batch_size: int | None = None, representative_data=None) -> Graph:
+    """Convert a Keras model (object, ``.keras`` or ``.h5``/``.hdf5`` file) or a SavedModel directory.
+
+    Inputs keep the model's own shapes, a Keras ``None`` dim becoming a symbol (the batch ``N``).
+    A subclassed Keras model, which declares no inputs, is traced from ``input_shapes``
+    ({name: shape with batch}; the Keras inputs take those names, which TensorFlow's converter
+    turns into ``serving_default_<name>:0``), else ``example_inputs`` (an
+    array or a list of arrays), else the shape it was built or first called with (see
+    ``subclassed``). For any other model ``input_shapes`` re-declares the converted inputs'
+    shapes. ``dynamic_batch`` makes dim 0 of every input the symbol ``N``.
 
     ``representative_data`` (an iterable of inputs, each an array or a list of arrays) makes
     TensorFlow's converter calibrate a full-integer INT8 model with int8 inputs and outputs
@@ -60,119 +86,64 @@ def convert(source: Any, *, batch_size: int | None = None, dynamic_batch: bool =
     """
     from edgeinfer.converters import tflite
 
-    flatbuffer, fixed = to_tflite(source, batch_size=batch_size, representative_data=representative_data)
-    graph = tflite.convert(flatbuffer, dynamic_batch=dynamic_batch)
-    graph.metadata["tflite_route"] = "tf.lite.TFLiteConverter"
-    if fixed is not None:
-        graph.metadata["tensorflow_fixed_batch"] = str(fixed)
+    lowered = _lower(source, batch_size=batch_size, representative_data=representative_data,
+                     input_shapes=input_shapes, example_inputs=example_inputs, dynamic_batch=dynamic_batch)
+    graph = tflite.convert(lowered.flatbuffer, dynamic_batch=True)
+    if not lowered.traced_shapes and (input_shapes or dynamic_batch):
+        # The same re-declaration the API applies for front ends that take no shapes: this one
+        # takes them only to trace subclassed models.
+        from edgeinfer.api import redeclare_inputs
+
+        graph = redeclare_inputs(graph, dict(input_shapes or {}), dynamic_batch)
+    graph.metadata["tflite_route"] = KERAS_ROUTE
+    if lowered.route != KERAS_ROUTE:
+        graph.metadata["source_route"] = lowered.route
+    if lowered.fixed_batch is not None:
+        graph.metadata["tensorflow_fixed_batch"] = str(lowered.fixed_batch)
     return graph
 
 
-def to_tflite(source: Any, *, batch_size: int | None = None, representative_data=None) -> tuple[bytes, int | None]:
+def to_tflite(source: Any, *, batch_size: int | None = None, representative_data=None,
+              input_shapes: Mapping[str, Sequence[int]] | None = None,
+              example_inputs: Any = None) -> tuple[bytes, int | None]:
     """Lower ``source`` to a ``.tflite`` flatbuffer with TensorFlow's converter.
 
     Returns (flatbuffer, the batch size that had to be fixed or None). With
     ``representative_data`` (an iterable of input lists) the result is a full-integer INT8
-    model with int8 inputs and outputs.
+    model with int8 inputs and outputs. ``input_shapes``/``example_inputs`` trace a subclassed
+    Keras model (see ``convert``).
     """
+    lowered = _lower(source, batch_size=batch_size, representative_data=representative_data,
+                     input_shapes=input_shapes, example_inputs=example_inputs)
+    return lowered.flatbuffer, lowered.fixed_batch
+
+
+def _lower(source: Any, *, batch_size: int | None, representative_data, input_shapes=None, example_inputs=None,
+           dynamic_batch: bool = False) -> Lowered:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
-            return _convert_saved_model(path, batch_size, representative_data)
+            flatbuffer, route = convert_saved_model(path, batch_size, representative_data)
+            return Lowered(flatbuffer, batch_size, route, False)
         source = load_keras_file(path)
+    name = type(source).__name__
+    traced = not has_functional_inputs(source)
+    route = KERAS_ROUTE
+    if traced:
+        source = as_functional(source, input_shapes=input_shapes, example_inputs=example_inputs,
+                               dynamic_batch=dynamic_batch)
+        route = f"{KERAS_ROUTE} (subclassed {name} traced as keras.Model(keras.Input, {name}(...)))"
     if representative_data is not None:
         source = unroll_recurrent_layers(source)
     if batch_size is not None:
-        return _run(_keras_fixed_batch(source, batch_size), representative_data, str(type(source).__name__)), batch_size
+        return Lowered(run_converter(_keras_fixed_batch(source, batch_size), representative_data, name),
+                       batch_size, route, traced)
     try:
-        return _run(_keras_converter(source), representative_data, type(source).__name__), None
+        return Lowered(run_converter(_keras_converter(source), representative_data, name), None, route, traced)
     except ConversionError as exc:
         if "static" not in str(exc) and "TensorList" not in str(exc):
             raise
-    return _run(_keras_fixed_batch(source, 1), representative_data, type(source).__name__), 1
-
-
-def load_keras_file(path: Path):
-    """``keras.saving.load_model`` with ``safe_mode=True``; unsafe content is refused."""
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: expected a .keras file, found no such file")
-    check_keras_config(path)
-    if path.suffix.lower() not in KERAS_SUFFIXES:  # recognised by content; Keras goes by the name
-        with tempfile.TemporaryDirectory(prefix="edgeinfer_keras_") as folder:
-            link = Path(folder) / "model.keras"
-            link.symlink_to(path.resolve())
-            return _load_keras(link, path)
-    return _load_keras(path, path)
-
-
-def _load_keras(path: Path, where: Path):
-    import keras
-
-    try:
-        return keras.saving.load_model(os.fspath(path), safe_mode=True, compile=False)
-    except ValueError as exc:
-        message = str(exc)
-        if "safe_mode" in message or "Lambda" in message or "arbitrary code" in message:
-            raise ModelFormatError(
-                f"{where}: refused to load: the model contains Python code (a Lambda layer or another "
-                "unsafe object) that Keras will only deserialize with safe_mode=False, which would "
-                "run code from the file. Replace the Lambda with a registered custom layer, or load "
-                "the model yourself if you trust the file and pass the keras.Model object") from exc
-        raise ModelFormatError(f"{where}: Keras cannot load the file: {message.splitlines()[0][:300]}") from exc
-    except (OSError, KeyError, TypeError, EOFError) as exc:
-        raise ModelFormatError(f"{where}: not a readable .keras archive ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
-    except Exception as exc:  # zipfile.BadZipFile and Keras' own errors on damaged archives
-        raise ModelFormatError(f"{where}: not a readable .keras archive ({type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from exc
-
-
-def check_keras_config(path: Path) -> None:
-    """Refuse a ``.keras`` archive whose config names code outside Keras, before Keras reads it.
-
-    Keras resolves every ``{"module": ..., "class_name": ...}`` object of ``config.json`` by
-    importing the module; ``safe_mode`` stops lambdas, and recent Keras releases also restrict
-    modules, but this check does not depend on the Keras version: an object must come from
-    ``keras`` itself or be a custom object registered in this process, and no ``__lambda__``
-    may appear anywhere.
-    """
-    import keras
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            info = archive.getinfo("config.json")
-            if info.file_size > MAX_TEXT_BYTES:
-                raise ModelFormatError(f"{path}: config.json inflates to {info.file_size} bytes, expected at most "
-                                       f"{MAX_TEXT_BYTES}")
-            config = json.loads(archive.read(info))
-    except ModelFormatError:
-        raise
-    except (zipfile.BadZipFile, KeyError, ValueError, RecursionError, OSError, EOFError, NotImplementedError,
-            RuntimeError, zlib.error) as exc:  # RuntimeError: a member flagged as encrypted (found by fuzzing)
-        raise ModelFormatError(f"{path}: expected a .keras archive with a JSON config.json, cannot read it "
-                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
-    stack = [config]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-            continue
-        if not isinstance(item, dict):
-            continue
-        stack.extend(item.values())
-        if item.get("class_name") == "__lambda__":
-            raise ModelFormatError(f"{path}: refused to load: the model contains a Lambda layer (Python bytecode "
-                                   "that Keras runs only with safe_mode=False); replace it with a registered custom layer, or load "
-                                   "the model yourself if you trust the file and pass the keras.Model object")
-        module = item.get("module")
-        if module is None or (isinstance(module, str) and (module == "keras" or module.startswith("keras."))):
-            continue
-        registered = item.get("registered_name")
-        if isinstance(registered, str) and keras.saving.get_registered_object(registered) is not None:
-            continue
-        raise ModelFormatError(f"{path}: refused to load: config.json names {item.get('class_name')!r} from module "
-                               f"{module!r}; expected objects from keras or custom objects registered in this "
-                               "process (loading would import and call that module's code)")
+    return Lowered(run_converter(_keras_fixed_batch(source, 1), representative_data, name), 1, route, traced)
 
 
 def unroll_recurrent_layers(model):
@@ -241,45 +212,5 @@ def _keras_fixed_batch(model, batch: int):
     return tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()])
 
 
-def _convert_saved_model(path: Path, batch_size: int | None, representative_data) -> tuple[bytes, int | None]:
-    import tensorflow as tf
-
-    if not (path / SAVED_MODEL_FILE).is_file():
-        raise ModelFormatError(f"{path}: expected a SavedModel directory containing {SAVED_MODEL_FILE}")
-    if batch_size is None:
-        try:
-            converter = tf.lite.TFLiteConverter.from_saved_model(os.fspath(path))
-        except Exception as exc:
-            raise ModelFormatError(f"{path}: TensorFlow cannot read the SavedModel: "
-                                   f"{str(exc).splitlines()[0][:300]}") from exc
-        return _run(converter, representative_data, os.fspath(path)), None
-    loaded = tf.saved_model.load(os.fspath(path))
-    signature = loaded.signatures.get("serving_default")
-    if signature is None:
-        raise ConversionError(f"{path}: expected a 'serving_default' signature to fix the batch size")
-    specs = {name: tf.TensorSpec((batch_size,) + tuple(spec.shape[1:]), spec.dtype, name=name)
-             for name, spec in signature.structured_input_signature[1].items()}
-    function = tf.function(lambda **kw: signature(**kw)).get_concrete_function(**specs)
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], loaded)
-    return _run(converter, representative_data, os.fspath(path)), batch_size
-
-
-def _run(converter, representative_data, where: str) -> bytes:
-    import tensorflow as tf
-
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if representative_data is not None:
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = lambda: ([list(x) if isinstance(x, (list, tuple)) else [x]][0]
-                                                    for x in representative_data)
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.int8
-        converter.inference_output_type = tf.int8
-    try:
-        return bytes(converter.convert())
-    except Exception as exc:
-        lines = [line for line in str(exc).splitlines() if "error" in line.lower()] or str(exc).splitlines() or [""]
-        raise ConversionError(f"{where}: TensorFlow's TFLite converter failed: {lines[0][:400]}") from exc
-
-
-__all__ = ["accepts", "convert", "to_tflite", "load_keras_file", "unroll_recurrent_layers"]
+__all__ = ["accepts", "convert", "to_tflite", "load_keras_file", "check_keras_config", "check_hdf5_config",
+           "unroll_recurrent_layers"]

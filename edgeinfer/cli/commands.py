@@ -37,8 +37,8 @@ WEIGHTS_HELP = "Weights file of a Caffe MODEL (.caffemodel), converted first."
 def _require_model(path: Path) -> None:
     """A missing model file is said before the converters (and onnx) are imported."""
     if not path.exists():
-        raise InputError(f"{path}: no such file (expected a model: .eim, .onnx, .pt2, .tflite, .keras, "
-                         ".prototxt or a SavedModel folder)")
+        raise InputError(f"{path}: no such file (expected a model: .eim, .onnx, .pt2, .pt, .tflite, "
+                         ".keras, .h5, .prototxt or a SavedModel folder)")
 
 
 def _load_model(model_path: Path, weights: Path | None):
@@ -104,7 +104,7 @@ def convert(source: Path, output: Path, weights: Path | None, input_shapes: tupl
             repro_dir: Path | None, backend: str, inputs: tuple[str, ...], shape_specs: tuple[str, ...],
             quiet: bool, strict: bool,
             quantization: dict | None) -> None:
-    """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .prototxt) to an .eim file.
+    """Convert SOURCE (.onnx, .pt2/.pt, .tflite, SavedModel dir, .keras, .h5, .prototxt) to an .eim file.
 
     Example: edgeinfer convert models/sample_cnn.onnx -o sample.eim --verify
     """

@@ -339,19 +339,69 @@ def _torch(source: Any, model: Model, feeds: Feeds, options: Mapping[str, Any]) 
 
 @oracle("tensorflow", engine="tensorflow")
 def _tensorflow(source: Any, model: Model, feeds: Feeds, options: Mapping[str, Any]) -> list[np.ndarray]:
+    """The source run by TensorFlow itself: a SavedModel's ``serving_default`` signature (through
+    the session-based loader where the object loader cannot revive it, as the converter does), a
+    Keras file loaded as the converter loads it (safe mode, no Lambda code), or the Keras model
+    object; inputs matched by name, else by position."""
     import tensorflow as tf
 
-    arrays = [feeds[info.name] for info in model.inputs]
     if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        function = tf.saved_model.load(os.fspath(source)).signatures["serving_default"]
-        names = list(function.structured_input_signature[1])
-        produced = function(**{name: tf.constant(a) for name, a in _by_name_or_position(model, feeds, names)})
-        return _ordered_outputs(model, {k: v.numpy() for k, v in sorted(produced.items())})
-    keras_model = tf.keras.models.load_model(source) if isinstance(source, (str, os.PathLike)) else source
-    result = keras_model(arrays if len(arrays) > 1 else arrays[0], training=False)
+        return _ordered_outputs(model, _saved_model_outputs(Path(source), model, feeds))
+    if isinstance(source, (str, os.PathLike)):
+        from edgeinfer.converters.tensorflow import load_keras_file
+
+        source = load_keras_file(Path(source))
+    names = [getattr(t, "name", "").split(":")[0] for t in getattr(source, "inputs", None) or []]
+    ours = {_tf_input_name(info.name): info.name for info in model.inputs}
+    if names and set(names) <= set(ours):
+        arrays = [feeds[ours[name]] for name in names]
+    else:
+        arrays = [feeds[info.name] for info in model.inputs]
+    result = source(arrays if len(arrays) > 1 else arrays[0], training=False)
     flat = result if isinstance(result, (tuple, list)) else list(result.values()) if isinstance(result, dict) \
         else [result]
-    return [np.asarray(t) for t in flat]
+    return [np.asarray(tf.convert_to_tensor(t)) for t in flat]
+
+
+def _tf_input_name(name: str) -> str:
+    """A converted input's name as TensorFlow's signature knows it (``serving_default_x:0`` -> ``x``)."""
+    return name.split(":")[0].removeprefix("serving_default_")
+
+
+def _saved_model_outputs(path: Path, model: Model, feeds: Feeds) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    from edgeinfer.converters.tensorflow.saved_model import unrevivable_object
+
+    try:
+        function = tf.saved_model.load(os.fspath(path)).signatures["serving_default"]
+    except Exception as exc:  # a Keras 2 SavedModel whose optimizer the object loader cannot revive
+        if not unrevivable_object(exc):
+            raise
+        return _saved_model_session_outputs(path, model, feeds)
+    names = list(function.structured_input_signature[1])
+    produced = function(**{name: tf.constant(a) for name, a in _by_name_or_position(model, feeds, names)})
+    return {k: v.numpy() for k, v in sorted(produced.items())}
+
+
+def _saved_model_session_outputs(path: Path, model: Model, feeds: Feeds) -> dict[str, np.ndarray]:
+    """``serving_default`` run through TensorFlow's session-based (TF1) loader."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], os.fspath(path))
+        signature = meta.signature_def["serving_default"]
+        ours = {_tf_input_name(info.name): info.name for info in model.inputs}
+        keys = list(signature.inputs)
+        by_tensor = {_tf_input_name(signature.inputs[k].name): k for k in keys}
+        if set(by_tensor) <= set(ours):
+            fed = {signature.inputs[by_tensor[t]].name: feeds[ours[t]] for t in by_tensor}
+        else:
+            fed = {signature.inputs[k].name: a for k, a in _by_name_or_position(model, feeds, keys)}
+        outputs = sorted(signature.outputs)
+        values = session.run([signature.outputs[k].name for k in outputs], feed_dict=fed)
+    return dict(zip(outputs, values))
 
 
 @oracle("tflite", engine="LiteRT interpreter")

@@ -170,3 +170,50 @@ def tflite_files(keras_models, tmp_path_factory):
             paths.append(path)
         files[name] = tuple(paths)
     return files
+
+
+KERAS2_SCRIPT = """
+import sys
+from pathlib import Path
+
+import numpy as np
+import tf_keras
+
+folder = Path(sys.argv[1])
+tf_keras.utils.set_random_seed(0)
+inputs = tf_keras.Input((6,), name="features")
+hidden = tf_keras.layers.BatchNormalization()(tf_keras.layers.Dense(8, activation="relu")(inputs))
+model = tf_keras.Model(inputs, tf_keras.layers.Dense(3)(hidden))
+# The legacy Adam (OptimizerV2, Keras 2's default before TF 2.11) saves its slot variables.
+model.compile(optimizer=tf_keras.optimizers.legacy.Adam(), loss="mse")
+rng = np.random.default_rng(0)
+model.fit(rng.random((4, 6), dtype=np.float32), rng.random((4, 3), dtype=np.float32), epochs=1, verbose=0)
+model.save(folder / "saved_model", save_format="tf")
+model.save(folder / "keras2.h5")
+x = rng.standard_normal((3, 6)).astype(np.float32)
+np.save(folder / "input.npy", x)
+np.save(folder / "expected.npy", model(x, training=False).numpy())
+"""
+
+
+@pytest.fixture(scope="session")
+def keras2_files(tmp_path_factory):
+    """A SavedModel and an ``.h5`` file written by Keras 2 (``tf_keras``) after one Adam step,
+    with an input and Keras 2's output for it: {"saved_model", "h5", "input", "expected"}.
+
+    Written in a child process so that importing tf_keras (which registers Keras 2's
+    optimizer type with TensorFlow's SavedModel loader) leaves this test process as it was."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf_keras (Keras 2) is not installed: no Keras-2-written files to test with")
+    folder = tmp_path_factory.mktemp("keras2")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-c", KERAS2_SCRIPT, str(folder)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"saved_model": folder / "saved_model", "h5": folder / "keras2.h5",
+            "input": np.load(folder / "input.npy"), "expected": np.load(folder / "expected.npy")}

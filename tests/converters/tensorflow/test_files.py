@@ -1,6 +1,8 @@
-"""File inputs: ``.keras`` archives (safe mode), SavedModel directories, and the CLI."""
+"""File inputs: ``.keras`` archives and ``.h5`` files (safe mode), SavedModel directories, and the CLI."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -43,14 +45,17 @@ def test_keras_file(keras_models, tmp_path, make_input):
     assert_close(_run(converted, x), np.asarray(model(x)), rtol=1e-4, atol=1e-5)
 
 
-def test_lambda_layer_is_refused(tmp_path):
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_lambda_layer_is_refused_before_it_can_run(tmp_path, suffix):
+    path = tmp_path / f"lambda{suffix}"
+    ran = str(tmp_path / "ran")  # a str: the closure is saved in the file with the bytecode
     inputs = keras.Input((4,))
-    outputs = keras.layers.Lambda(lambda t: t * 2.0)(inputs)
-    path = tmp_path / "lambda.keras"
-    keras.Model(inputs, outputs).save(path)
+    keras.Model(inputs, keras.layers.Lambda(lambda t: (open(ran, "w").close(), t * 2.0)[1])(inputs)).save(path)
+    os.unlink(ran)  # building the model here called the function once
     with pytest.raises(ei.ModelFormatError, match="Lambda") as info:
         ei.convert(path)
     assert "safe_mode" in str(info.value) and str(path) in str(info.value)
+    assert not os.path.exists(ran)
 
 
 @pytest.mark.parametrize("content", [b"", b"PK\x03\x04 not really a zip", b"\x00" * 64])
