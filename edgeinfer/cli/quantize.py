@@ -167,6 +167,10 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
               help="Keep the most sensitive layers float until top-1 drops at most P points (needs --eval).")
 @click.option("--min-sqnr", type=float, metavar="DB",
               help="Mixed precision: keep the noisiest layers float until every output's SQNR vs fp32 reaches DB.")
+@click.option("--quality-floor", metavar="DB|off",
+              help="Static int8: where plain INT8's worst output (or part of a concatenated output) on held-out "
+                   "samples is below DB (default 20), keep the noisiest layers float until it reaches DB; "
+                   "'off' keeps plain INT8.")
 @click.option("--equalize", is_flag=True,
               help="Cross-layer equalization before calibrating (per-channel ranges moved into the next Conv).")
 @click.option("--bias-correction", is_flag=True,
@@ -178,7 +182,8 @@ def apply_quantization(model, quantization: dict[str, Any] | None, *, quiet: boo
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar; print only the line saying what was written.")
 @handle_errors
 def quantize_command(model_path: Path, output: Path, mode: str, weight_format: str, block_size: str,
-                     zero_points: bool, max_accuracy_drop: float | None, min_sqnr: float | None, equalize: bool,
+                     zero_points: bool, max_accuracy_drop: float | None, min_sqnr: float | None,
+                     quality_floor: str | None, equalize: bool,
                      bias_correction: bool, evaluation: Path | None, report: Path | None, quiet: bool, **calibration: Any) -> None:
     """Quantize MODEL (.eim or any convertible model) and write an .eim file.
 
@@ -204,6 +209,8 @@ def quantize_command(model_path: Path, output: Path, mode: str, weight_format: s
     if (min_sqnr is not None or equalize or bias_correction) and (mode != "static" or weight_format != "int8"):
         raise InputError("--min-sqnr, --equalize and --bias-correction apply to static int8 quantization "
                          "(--mode static --weights int8)")
+    if quality_floor is not None:
+        extra["quality_floor"] = _quality_floor(quality_floor)
     extra.update({"min_sqnr": min_sqnr} if min_sqnr is not None else {}, **({"equalize": True} if equalize else {}),
                  **({"bias_correction": True} if bias_correction else {}))
     if weight_format == "int4" or mode == "weight_only":
@@ -241,12 +248,27 @@ def _weight_only(model, model_path: Path, weight_format: str, block_size: int, z
                         zero_points=zero_points, exclude=calibration["exclude"], progress=steps)
 
 
+def _quality_floor(text: str) -> float | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"--quality-floor {text!r}: expected a number of dB or 'off'") from None
+
+
 def _echo_mixed_precision(model) -> None:
     import json
 
     summary = json.loads(model.metadata.get("quantization", "{}"))
     if summary.get("activations") == "float":
         click.echo("weight-only INT8: every layer computes in float (fp32's speed) on int8 weights")
+    escalated = summary.get("escalated")
+    if escalated:
+        reason = escalated["reason"]
+        click.echo(f"quality floor: plain INT8 output {reason['output']} was {reason['sqnr_db']} dB (< "
+                   f"{reason['floor_db']:g} dB) on held-out samples; escalated to mixed precision, held-out worst "
+                   f"now {escalated['held_out_worst_db']} dB, {escalated['float_flops_share']:.0%} of FLOPs in float")
     mixed = summary.get("mixed_precision")
     if mixed:
         click.echo(f"mixed precision: {mixed['float_layers']} layers kept float, {mixed['quantized_layers']} int8; "

@@ -23,6 +23,7 @@ from edgeinfer.model import Model
 from edgeinfer.progress import Steps
 from edgeinfer.quantize.dynamic import quantize_dynamic
 from edgeinfer.quantize.fp16 import fp16_weights
+from edgeinfer.quantize.guard import DEFAULT_QUALITY_FLOOR_DB, MIN_SQNR_DB
 from edgeinfer.quantize.methods import CALIBRATION_METHODS
 from edgeinfer.quantize.static import (
     DEFAULT_METHOD,
@@ -49,7 +50,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
              reduce_range: bool = False, block_size: int = 32, zero_points: bool = False,
              quantize_outputs: bool = False, equalize: bool = False, min_sqnr: float | None = None,
              layout: str | None = None, bias_correction: bool = False, float_weights: str | None = None,
-             weight_rounding: str | None = None) -> Model:
+             weight_rounding: str | None = None, quality_floor: float | None = DEFAULT_QUALITY_FLOOR_DB) -> Model:
     """Quantize ``model``.
 
     - ``weights="int8"``, ``mode="static"``: calibrate on ``calibration_data`` (samples, a
@@ -109,6 +110,17 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     ``"float32"``. Default: int8 for the layers ``min_sqnr`` or ``max_accuracy_drop`` keep float
     (their search measures with the rounded weights), float32 for those named in ``exclude``
     alone.
+
+    ``quality_floor`` (dB, static, default ``DEFAULT_QUALITY_FLOOR_DB``): the default guard. Plain
+    INT8 is measured against fp32 on held-out samples, every output (and every part of an output
+    that concatenates parts of different magnitude, as a detector's boxes and class scores);
+    where one falls below the floor, the quantizer escalates by itself to the mixed precision
+    that ``min_sqnr=quality_floor`` gives (GPTQ-rounded weights, the noisiest layers kept float
+    on int8-stored weights), warns once (``QuantizationEscalationWarning``) with which layers
+    stayed float and what they cost in weight bytes and in the share of FLOPs left float, and
+    records it in the ``quantization`` metadata under ``escalated``. ``None`` keeps plain INT8
+    whatever its quality (the guard still warns below ``guard.MIN_SQNR_DB``). Not with
+    ``bias_correction`` or ``quantize_outputs``, which ask for plain INT8.
 
     ``bias_correction=True`` (static): each quantized Conv/ConvTranspose/Gemm bias is corrected for
     the mean shift INT8 adds to its output channels (``bias_correction.py``, Nagel et al.'s
@@ -230,11 +242,23 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
                           "bias_correction_feeds": calibration_feeds(calibration, calibration_data,
                                                                      min(BIAS_CORRECTION_SAMPLES, calibration.samples),
                                                                      **source)}
-        return guarded(quantize_static(model, calibration, method=method, activations=activations,
-                                       per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
-                                       quantize_outputs=quantize_outputs, float_weights=float_weights,
-                                       **correction),
-                       reference, backend)
+        escalate = quality_floor is not None and not bias_correction and not quantize_outputs
+        plain = guarded(quantize_static(model, calibration, method=method, activations=activations,
+                                        per_channel=per_channel, exclude=exclude, reduce_range=reduce_range,
+                                        quantize_outputs=quantize_outputs, float_weights=float_weights,
+                                        **correction),
+                        reference, backend, warn=not escalate)
+        worst = _worst_output(plain)
+        if not escalate or worst is None or worst[1] >= quality_floor:
+            if escalate and worst is not None and worst[1] < MIN_SQNR_DB:  # the warning guarded held back
+                guarded(plain, reference, backend)
+            return plain
+        from edgeinfer.quantize.escalate import escalated
+
+        return escalated(model, plain, calibration, reference, worst, quality_floor, data=calibration_data,
+                         source=source, method=method, activations=activations, per_channel=per_channel,
+                         exclude=list(exclude), reduce_range=reduce_range, backend=backend,
+                         float_weights=float_weights or "int8")
     if evaluation is None:
         raise InputError("max_accuracy_drop needs a labelled evaluation set (evaluation=(inputs, labels))")
     from edgeinfer.quantize.sensitivity import quantize_within_budget, top1_metric
@@ -250,8 +274,18 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     return guarded(result.model, reference, backend)
 
 
-def guarded(quantized: Model, calibration: Calibration, backend: str | None = None) -> Model:
-    """``quantized`` with the quality guard's figures in its metadata (warning when poor)."""
+def _worst_output(quantized: Model) -> tuple[str, float] | None:
+    """(output, SQNR dB) of the guard's worst output of ``quantized``, or None if unmeasured."""
+    import json
+
+    outputs = json.loads(quantized.metadata.get("quantization", "{}")).get("quality", {}).get("outputs", {})
+    found = [(name, float(figures["sqnr_db"])) for name, figures in outputs.items()]
+    return min(found, key=lambda item: item[1]) if found else None
+
+
+def guarded(quantized: Model, calibration: Calibration, backend: str | None = None, *, warn: bool = True) -> Model:
+    """``quantized`` with the quality guard's figures in its metadata (warning when poor,
+    unless ``warn`` is False)."""
     import json
 
     from edgeinfer.quantize.guard import QuantizationSpeedWarning, check_quality, split_warning
@@ -265,7 +299,7 @@ def guarded(quantized: Model, calibration: Calibration, backend: str | None = No
         return quantized
     layers = [node.name or node.outputs[0] for node in quantized.graph.nodes]
     report = check_quality(calibration.graph, quantized.graph, layers, feeds, held_out=bool(calibration.held_out),
-                           backend=backend)
+                           backend=backend, warn=warn)
     summary["quality"] = report.summary()
     metadata = dict(quantized.metadata)
     metadata["quantization"] = json.dumps(summary, sort_keys=True)

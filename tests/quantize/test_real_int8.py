@@ -53,7 +53,7 @@ def test_yolov8_class_scores_survive_int8():
     fp32 = _fp32(task.name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        int8 = quantize(fp32, task.calibration(1), "minmax")
+        int8 = quantize(fp32, task.calibration(1), "minmax", quality_floor=None)  # plain INT8's Concat
     concat = int8.graph.producer("output0")
     assert concat.op_type == "Concat"  # float, fed by each part's own DequantizeLinear
     scales = [float(int8.graph.initializers[int8.graph.producer(i).inputs[1]]) for i in concat.inputs]
@@ -108,7 +108,7 @@ def test_face_detector_with_float16_weights_gets_int8_weights(tmp_path):
     assert "Cast" in fp32.graph.op_histogram() or "weight_storage" in fp32.graph.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        int8 = quantize(fp32, task.calibration(1), "minmax")
+        int8 = quantize(fp32, task.calibration(1), "minmax", quality_floor=None)  # plain INT8's storage
     float_weights = [n for n, a in int8.graph.initializers.items() if a.dtype.kind == "f" and a.ndim == 4]
     assert not float_weights and "Cast" not in int8.graph.op_histogram()
     float32 = float32_weights(fp32)
@@ -219,7 +219,7 @@ def test_face_detector_mixed_precision_meets_the_task_target_on_held_out_crops(t
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
         mixed = quantize(fp32, samples, min_sqnr=23.0, float_weights="float32")
         small = quantize(fp32, samples, min_sqnr=23.0)
-        plain = quantize(fp32, samples)
+        plain = quantize(fp32, samples, quality_floor=None)
     record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
     assert record["met"] and record["int8_sqnr_db"] < 20 and 0 < record["float_layers"]
     assert record["quantized_layers"] > 0  # some layers stay int8
@@ -257,7 +257,7 @@ def test_mtcnn_proposal_net_meets_the_task_target_with_min_sqnr():
     assert task.metric(reference, emptied) == 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", guard.QuantizationQualityWarning)
-        plain = quantize(fp32, samples)
+        plain = quantize(fp32, samples, quality_floor=None)
         mixed = quantize(fp32, samples, min_sqnr=38.0)
     record = json.loads(mixed.metadata["quantization"])
     assert record["weight_rounding"]["method"] == "gptq" and record["mixed_precision"]["met"]

@@ -68,8 +68,9 @@ def quantized_zoo(zoo_models):
             calibration = [zoo.example_inputs(onnx_model, seed=seed) for seed in range(8)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                # plain INT8 (no escalation to mixed precision): every layer for the integer kernels
                 cache[name, activations] = ei.quantize(ei.convert(onnx_model, optimize=2), calibration,
-                                                       activations=activations)
+                                                       activations=activations, quality_floor=None)
         return cache[name, activations]
 
     return get
