@@ -78,6 +78,11 @@ class OpenVinoExecutable(Executable):
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # An input no node reads has no Parameter in the compiled model: nothing to feed.
         used = {name: array for name, array in feeds.items() if name in self._inputs}
+        if any(getattr(array, "size", 1) == 0 for array in used.values()):
+            # OpenVINO 2026.4's CPU plugin crashes the process on an empty tensor through a Conv
+            raise BackendError(f"openvino cannot run graph {self.graph.name!r} on zero-size input(s) "
+                               f"{ {n: tuple(a.shape) for n, a in used.items() if a.size == 0} }: expected every "
+                               "dim >= 1 (the runtime moves such a request's nodes to another backend)")
         try:
             results = self._request().infer(used, share_inputs=True, share_outputs=False)
         except Exception as exc:  # OpenVINO raises RuntimeError and its own pybind types

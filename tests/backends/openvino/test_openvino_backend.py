@@ -422,3 +422,21 @@ def test_without_openvino_the_backend_is_not_installed(monkeypatch):
     assert "openvino" not in installed_backends()
     with pytest.raises(ei.BackendError, match="pip install 'edgeinfer\\[openvino\\]'"):
         get_backend("openvino")
+
+
+def test_a_zero_size_input_is_a_typed_error_not_a_crash():
+    """OpenVINO 2026.4 crashes the process on an empty batch through a Conv (a segmentation
+    fault, seen in the fallback's single-node probe): the executable refuses it first, and a
+    Session moves those nodes to the numpy reference, which returns the empty result."""
+    model = ei.convert(parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[N, 2, 4, 4] x) => (float[N, 2, 4, 4] y) {
+            w = Constant <value = float[2, 2, 1, 1] {1.0, 0.5, -0.5, 1.0}> ()
+            y = Conv (x, w)
+        }"""))
+    executable = get_backend("openvino").compile(model.graph)
+    with pytest.raises(ei.BackendError, match=r"zero-size input\(s\) \{'x': \(0, 2, 4, 4\)\}"):
+        executable.run({"x": np.zeros((0, 2, 4, 4), np.float32)})
+    executable.close()
+    with ei.Session(model, backend="openvino") as session:
+        assert session.run({"x": np.zeros((0, 2, 4, 4), np.float32)})["y"].shape == (0, 2, 4, 4)
