@@ -17,7 +17,8 @@ takes it from there. Why this route rather than reading Keras layers or TF Graph
 Where a model needs another way in, the module that takes it says why: ``keras_files``
 (safe loading of ``.keras`` and HDF5 files), ``subclassed`` (tracing a subclassed model from
 its input shapes), ``saved_model`` (the session-based loader for SavedModels that TensorFlow's
-object loader cannot rebuild).
+object loader cannot rebuild). ``output_order`` puts the converted outputs back in the source's
+order (TensorFlow's converter writes them in its own).
 
 TensorFlow is imported only inside ``convert``; ``accepts`` looks at type names and paths.
 """
@@ -37,8 +38,18 @@ from edgeinfer.converters.tensorflow.keras_files import (
     load_keras_file,
 )
 from edgeinfer.converters.tensorflow.lowering import run_converter
-from edgeinfer.converters.tensorflow.saved_model import SAVED_MODEL_FILE, convert_saved_model
-from edgeinfer.converters.tensorflow.subclassed import as_functional, has_functional_inputs
+from edgeinfer.converters.tensorflow.output_order import (
+    SourceOutputs,
+    in_source_order,
+    keras_outputs,
+    saved_model_outputs,
+)
+from edgeinfer.converters.tensorflow.saved_model import (
+    SAVED_MODEL_FILE,
+    convert_saved_model,
+    signature_output_names,
+)
+from edgeinfer.converters.tensorflow.subclassed import as_functional, framework_name, has_functional_inputs
 from edgeinfer.errors import ConversionError
 from edgeinfer.ir import Graph
 
@@ -61,6 +72,7 @@ class Lowered(NamedTuple):
     fixed_batch: int | None  # the batch size that had to be fixed, or None
     route: str  # how TensorFlow got there
     traced_shapes: bool  # the inputs were declared here from input_shapes/example_inputs/built shapes
+    outputs: SourceOutputs | None  # the source's outputs in its own order (see ``output_order``)
 
 
 def convert(source: Any, *, input_shapes: Mapping[str, Sequence[int]] | None = None, dynamic_batch: bool = False,
@@ -75,6 +87,10 @@ def convert(source: Any, *, input_shapes: Mapping[str, Sequence[int]] | None = N
     ``subclassed``). For any other model ``input_shapes`` re-declares the converted inputs'
     shapes. ``dynamic_batch`` makes dim 0 of every input the symbol ``N``.
 
+    Outputs come in the source's order: for a Keras model the order calling it returns them
+    (list/tuple order; a dict output in the dict's order), for a SavedModel its
+    ``serving_default`` signature's output keys sorted (see ``output_order``).
+
     ``representative_data`` (an iterable of inputs, each an array or a list of arrays) makes
     TensorFlow's converter calibrate a full-integer INT8 model with int8 inputs and outputs
     (recurrent layers are unrolled first, see ``unroll_recurrent_layers``).
@@ -88,7 +104,9 @@ def convert(source: Any, *, input_shapes: Mapping[str, Sequence[int]] | None = N
 
     lowered = _lower(source, batch_size=batch_size, representative_data=representative_data,
                      input_shapes=input_shapes, example_inputs=example_inputs, dynamic_batch=dynamic_batch)
-    graph = tflite.convert(lowered.flatbuffer, dynamic_batch=True)
+    model = tflite.read_model(lowered.flatbuffer, "<tflite bytes>")
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__
+    graph = in_source_order(tflite.import_model(model, signature_shapes=True), model, lowered.outputs, where)
     if not lowered.traced_shapes and (input_shapes or dynamic_batch):
         # The same re-declaration the API applies for front ends that take no shapes: this one
         # takes them only to trace subclassed models.
@@ -124,7 +142,7 @@ def _lower(source: Any, *, batch_size: int | None, representative_data, input_sh
         path = Path(source)
         if path.is_dir():
             flatbuffer, route = convert_saved_model(path, batch_size, representative_data)
-            return Lowered(flatbuffer, batch_size, route, False)
+            return Lowered(flatbuffer, batch_size, route, False, saved_model_outputs(signature_output_names(path)))
         source = load_keras_file(path)
     name = type(source).__name__
     traced = not has_functional_inputs(source)
@@ -136,14 +154,18 @@ def _lower(source: Any, *, batch_size: int | None, representative_data, input_sh
     if representative_data is not None:
         source = unroll_recurrent_layers(source)
     if batch_size is not None:
-        return Lowered(run_converter(_keras_fixed_batch(source, batch_size), representative_data, name),
-                       batch_size, route, traced)
+        converter, outputs = _keras_fixed_batch(source, batch_size)
+        return Lowered(run_converter(converter, representative_data, name), batch_size, route, traced, outputs)
     try:
-        return Lowered(run_converter(_keras_converter(source), representative_data, name), None, route, traced)
+        # from_keras_model's signature names a Keras 3 model's outputs output_<i>, a Keras 2
+        # (tf_keras) model's by its output_names.
+        return Lowered(run_converter(_keras_converter(source), representative_data, name), None, route, traced,
+                       keras_outputs(source, named_by_output_names=framework_name(source) == "tf_keras"))
     except ConversionError as exc:
         if "static" not in str(exc) and "TensorList" not in str(exc):
             raise
-    return Lowered(run_converter(_keras_fixed_batch(source, 1), representative_data, name), 1, route, traced)
+    converter, outputs = _keras_fixed_batch(source, 1)
+    return Lowered(run_converter(converter, representative_data, name), 1, route, traced, outputs)
 
 
 def unroll_recurrent_layers(model):
@@ -203,13 +225,19 @@ def _specs(model, batch: int):
     return [tf.TensorSpec((batch,) + tuple(t.shape[1:]), t.dtype) for t in inputs]
 
 
-def _keras_fixed_batch(model, batch: int):
+def _keras_fixed_batch(model, batch: int) -> tuple[Any, SourceOutputs | None]:
+    """A converter of ``model`` with batch ``batch``, and the model's outputs."""
     import tensorflow as tf
 
     specs = _specs(model, batch)
     function = tf.function(lambda *args: model(args[0] if len(args) == 1 else list(args), training=False),
                            input_signature=specs)
-    return tf.lite.TFLiteConverter.from_concrete_functions([function.get_concrete_function()])
+    concrete = function.get_concrete_function()
+    # Without a trackable object the converter freezes the variables and writes no signature; the
+    # flatbuffer's outputs keep the function's output tensor names (``Identity_<i>``).
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([concrete])
+    return converter, keras_outputs(model, named_by_output_names=False,
+                                    flat_tensor_names=[t.name for t in concrete.outputs])
 
 
 __all__ = ["accepts", "convert", "to_tflite", "load_keras_file", "check_keras_config", "check_hdf5_config",

@@ -18,8 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.converters.tensorflow.lowering import first_line
-from edgeinfer.errors import ModelFormatError
+from edgeinfer.errors import ModelFormatError, first_line
 from edgeinfer.limits import MAX_TEXT_BYTES
 
 ARCHIVE_SUFFIXES = (".keras",)
@@ -211,7 +210,7 @@ def _deserialize_hdf5(handle, path: Path):
 
 
 def _described(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"
+    return f"{type(exc).__name__}: {first_line(exc, 300)}"
 
 
 __all__ = ["ARCHIVE_SUFFIXES", "HDF5_SUFFIXES", "check_hdf5_config", "check_keras_config", "is_hdf5",

@@ -25,7 +25,3 @@ def run_converter(converter, representative_data, where: str) -> bytes:
         lines = [line for line in str(exc).splitlines() if "error" in line.lower()] or str(exc).splitlines() or [""]
         raise ConversionError(f"{where}: TensorFlow's TFLite converter failed: {lines[0][:400]}") from exc
 
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (at most 300 characters), or its type's name."""
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]

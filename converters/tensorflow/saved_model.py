@@ -16,8 +16,8 @@ import logging
 import os
 from pathlib import Path
 
-from edgeinfer.converters.tensorflow.lowering import first_line, run_converter
-from edgeinfer.errors import ConversionError, ModelFormatError
+from edgeinfer.converters.tensorflow.lowering import run_converter
+from edgeinfer.errors import ConversionError, ModelFormatError, first_line
 from edgeinfer.limits import MAX_FILE_BYTES
 
 SAVED_MODEL_FILE = "saved_model.pb"
@@ -38,11 +38,11 @@ def convert_saved_model(path: Path, batch_size: int | None, representative_data)
         raise
     except Exception as exc:
         if not unrevivable_object(exc):
-            raise ModelFormatError(f"{path}: TensorFlow cannot read the SavedModel: {first_line(exc)}") from exc
+            raise ModelFormatError(f"{path}: TensorFlow cannot read the SavedModel: {first_line(exc, 300)}") from exc
         log.warning("%s: TensorFlow's object loader cannot rebuild this SavedModel (%s: an object of a type "
                     "not registered here, typically a Keras 2 optimizer with slot variables when tf_keras is "
                     "not installed); converting it with TensorFlow's session-based SavedModel loader instead",
-                    path, first_line(exc))
+                    path, first_line(exc, 300))
         converter, route = _session_converter(path, batch_size), SESSION_ROUTE
     return run_converter(converter, representative_data, os.fspath(path)), route
 
@@ -78,12 +78,32 @@ def _session_converter(path: Path, batch_size: int | None):
         return tf.compat.v1.lite.TFLiteConverter.from_saved_model(os.fspath(path), input_shapes=shapes)
     except Exception as exc:
         raise ModelFormatError(f"{path}: TensorFlow cannot read the SavedModel with its object loader nor with "
-                               f"its session-based loader: {first_line(exc)}") from exc
+                               f"its session-based loader: {first_line(exc, 300)}") from exc
 
 
 def signature_input_shapes(path: Path) -> dict[str, list[int]]:
     """{graph tensor name without ``:0``: dims (-1 where unknown)} of the ``serving_default``
     signature's inputs, read from ``saved_model.pb`` (protobuf only; no object is rebuilt)."""
+    signature = _serving_signature(path)
+    if signature is None:
+        raise ConversionError(f"{path}: expected a {SERVING_SIGNATURE!r} signature with the 'serve' tag to fix "
+                              "the batch size")
+    if any(info.tensor_shape.unknown_rank for info in signature.inputs.values()):
+        raise ConversionError(f"{path}: an input of {SERVING_SIGNATURE!r} has unknown rank; the batch "
+                              "size cannot be fixed")
+    return {info.name.split(":")[0]: [dim.size for dim in info.tensor_shape.dim]
+            for info in signature.inputs.values()}
+
+
+def signature_output_names(path: Path) -> dict[str, str]:
+    """{output key: graph tensor name} of the ``serving_default`` signature, read from
+    ``saved_model.pb``; empty when it has no such signature."""
+    signature = _serving_signature(path)
+    return {} if signature is None else {key: info.name for key, info in signature.outputs.items()}
+
+
+def _serving_signature(path: Path):
+    """The ``serving_default`` SignatureDef (protobuf) of the 'serve' meta graph, or None."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     file = path / SAVED_MODEL_FILE
@@ -93,13 +113,8 @@ def signature_input_shapes(path: Path) -> dict[str, list[int]]:
     try:
         proto.ParseFromString(file.read_bytes())
     except Exception as exc:  # google.protobuf.message.DecodeError
-        raise ModelFormatError(f"{file}: not a SavedModel protobuf ({first_line(exc)})") from None
+        raise ModelFormatError(f"{file}: not a SavedModel protobuf ({first_line(exc, 300)})") from None
     for meta_graph in proto.meta_graphs:
         if "serve" in meta_graph.meta_info_def.tags and SERVING_SIGNATURE in meta_graph.signature_def:
-            inputs = meta_graph.signature_def[SERVING_SIGNATURE].inputs
-            if any(info.tensor_shape.unknown_rank for info in inputs.values()):
-                raise ConversionError(f"{path}: an input of {SERVING_SIGNATURE!r} has unknown rank; the batch "
-                                      "size cannot be fixed")
-            return {info.name.split(":")[0]: [dim.size for dim in info.tensor_shape.dim] for info in inputs.values()}
-    raise ConversionError(f"{path}: expected a {SERVING_SIGNATURE!r} signature with the 'serve' tag to fix the "
-                          "batch size")
+            return meta_graph.signature_def[SERVING_SIGNATURE]
+    return None

@@ -20,8 +20,7 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from edgeinfer.converters.tensorflow.lowering import first_line
-from edgeinfer.errors import ConversionError, InputError
+from edgeinfer.errors import ConversionError, InputError, first_line
 
 _NOT_TENSOR_ARGUMENTS = frozenset({"training", "mask"})
 
@@ -45,7 +44,7 @@ def as_functional(model, *, input_shapes: Mapping[str, Sequence] | None = None, 
                   dynamic_batch: bool = False):
     """``model`` wrapped as ``keras.Model(inputs, model(inputs))``; see the module docstring."""
     specs = input_specs(model, input_shapes, example_inputs, dynamic_batch)
-    framework = importlib.import_module(_framework_name(model))
+    framework = importlib.import_module(framework_name(model))
     inputs = [framework.Input(batch_shape=spec.shape, dtype=spec.dtype, name=spec.name) for spec in specs]
     described = ", ".join(f"{spec.name}: {spec.shape}" for spec in specs)
     try:
@@ -53,7 +52,7 @@ def as_functional(model, *, input_shapes: Mapping[str, Sequence] | None = None, 
         return framework.Model(inputs[0] if len(inputs) == 1 else inputs, outputs, name=model.name)
     except Exception as exc:
         raise ConversionError(f"{type(model).__name__}: calling the subclassed Keras model on symbolic inputs "
-                              f"({described}) to trace it failed: {first_line(exc)}. Check input_shapes") from exc
+                              f"({described}) to trace it failed: {first_line(exc, 300)}. Check input_shapes") from exc
 
 
 def input_specs(model, input_shapes, example_inputs, dynamic_batch: bool) -> list[InputSpec]:
@@ -145,7 +144,7 @@ def _known(specs: list[InputSpec]) -> str:
     return f" (known: {', '.join(s.name for s in specs)})" if specs else ""
 
 
-def _framework_name(model) -> str:
+def framework_name(model) -> str:
     """``keras`` or ``tf_keras``: the package whose ``Model`` the model subclasses."""
     for cls in type(model).__mro__:
         root = cls.__module__.split(".")[0]

@@ -8,7 +8,8 @@ field of which table is broken. ``flatbuffers.util`` supplies the identifier che
 come from ``schema.py``.
 
 ``read_model(data)`` returns plain dataclasses (``ModelDef`` / ``SubGraphDef`` / ``TensorDef``
-/ ``OperatorDef``) in which every tensor, buffer, opcode and subgraph index has been checked.
+/ ``OperatorDef`` / ``SignatureDef``) in which every tensor, buffer, opcode and subgraph index
+has been checked.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import flatbuffers.util
 import numpy as np
@@ -26,6 +27,13 @@ from edgeinfer.converters.tflite.sparsity import Sparsity, densify, read_sparsit
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.format.tflite import schema
 from edgeinfer.format.tflite.schema import Slot
+
+# vtable slots of the SignatureDef tables (schema.fbs: Model.signature_defs is field 7,
+# SignatureDef is {inputs, outputs, signature_key, deprecated_tag, subgraph_index}, TensorMap is
+# {name, tensor_index}); kept here until ``schema.Slot`` lists them.
+_MODEL_SIGNATURE_DEFS = 18
+_SIGNATURE_INPUTS, _SIGNATURE_OUTPUTS, _SIGNATURE_KEY, _SIGNATURE_SUBGRAPH = 4, 6, 8, 12
+_TENSOR_MAP_NAME, _TENSOR_MAP_INDEX = 4, 6
 
 _SIZES = {"b": 1, "B": 1, "?": 1, "h": 2, "H": 2, "i": 4, "I": 4, "f": 4, "q": 8, "Q": 8, "d": 8}
 
@@ -212,6 +220,17 @@ class SubGraphDef:
         return found
 
 
+@dataclass(frozen=True)
+class SignatureDef:
+    """A named entry point: its input and output names, each mapped to a tensor of ``subgraph``
+    (TensorFlow's converter writes one, ``serving_default``, keyed by the source's signature)."""
+
+    key: str
+    subgraph: int
+    inputs: dict[str, int]  # name -> tensor index
+    outputs: dict[str, int]
+
+
 @dataclass
 class ModelDef:
     version: int
@@ -219,6 +238,7 @@ class ModelDef:
     subgraphs: list[SubGraphDef]
     buffers: list[memoryview | None]  # None: no data (an activation or an empty buffer)
     where: str
+    signatures: list[SignatureDef] = field(default_factory=list)
 
     def tensor_data(self, tensor: TensorDef, subgraph: SubGraphDef) -> np.ndarray | None:
         """The constant contents of ``tensor`` (a read-only view), or None for an activation."""
@@ -277,7 +297,30 @@ def read_model(data: bytes | bytearray | memoryview, where: str = "<tflite>") ->
         raise buf.fail("the model has no subgraphs")
     subgraphs = [_read_subgraph(i, t, buf, opcodes, len(buffers)) for i, t in enumerate(subgraph_tables)]
     description = root.string(Slot.MODEL_DESCRIPTION, "description") or ""
-    return ModelDef(version, description, subgraphs, buffers, where)
+    signatures = [_read_signature(t, buf, subgraphs)
+                  for t in root.tables(_MODEL_SIGNATURE_DEFS, "signature_defs")]
+    return ModelDef(version, description, subgraphs, buffers, where, signatures)
+
+
+def _read_signature(table: Table, buf: Buffer, subgraphs: list[SubGraphDef]) -> SignatureDef:
+    key = table.string(_SIGNATURE_KEY, "signature_key") or ""
+    index = table.scalar(_SIGNATURE_SUBGRAPH, "I", 0, "subgraph_index")
+    if index >= len(subgraphs):
+        raise buf.fail(f"signature {key!r} refers to subgraph {index}, but the model has {len(subgraphs)}")
+    n = len(subgraphs[index].tensors)
+
+    def tensor_map(slot: int, name: str) -> dict[str, int]:
+        found = {}
+        for i, entry in enumerate(table.tables(slot, name)):
+            tensor = entry.scalar(_TENSOR_MAP_INDEX, "I", 0, "tensor_index")
+            if tensor >= n:
+                raise buf.fail(f"signature {key!r} {name}[{i}] refers to tensor {tensor}, but subgraph "
+                               f"{index} has {n} tensors")
+            found[entry.string(_TENSOR_MAP_NAME, "name") or f"{name}_{i}"] = tensor
+        return found
+
+    return SignatureDef(key, index, tensor_map(_SIGNATURE_INPUTS, "inputs"),
+                        tensor_map(_SIGNATURE_OUTPUTS, "outputs"))
 
 
 def _read_buffer(table: Table, buf: Buffer, index: int) -> memoryview | None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .checks import RealModel, saved_model_runner
 from .corpus import model_file, photo, resize
-from .models_tflite import BASIC_PITCH, BASIC_PITCH_OUTPUTS, basic_pitch_window
+from .models_tflite import BASIC_PITCH, basic_pitch_window
 from .models_torch import FACE, SCENE, face_crop
 
 SAVED_MODEL_MEMBERS = ("saved_model.pb", "variables/variables.data-00000-of-00001", "variables/variables.index")
@@ -92,7 +92,7 @@ MODELS: list[RealModel] = [
     RealModel(
         id="basic-pitch/nmp_saved_model", package="basic-pitch", format="saved_model", task="transcription",
         source=lambda: saved_model("basic-pitch", BASIC_PITCH + "nmp"), feeds=basic_pitch_window,
-        native=saved_model_runner(*BASIC_PITCH_OUTPUTS),
+        native=saved_model_runner("contour", "note", "onset"),  # a SavedModel's outputs: by signature key
         refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of the dynamic batch
         note="SavedModel written by Keras 2 (Adam slot variables among its variables); the reference is "
              "tf.saved_model.load's serving_default",
