@@ -82,7 +82,7 @@ def measure(name: str, per_photo: int) -> dict:
     escalated = json.loads(int8.metadata["quantization"]).get("escalated")
     row["escalated"] = None if escalated is None else {
         key: escalated[key] for key in ("reason", "float_layers", "quantizable_layers", "float_flops_share",
-                                        "weight_bytes", "plain_int8_weight_bytes", "held_out_worst_db")}
+                                        "file_bytes", "plain_int8_file_bytes", "fp32_file_bytes", "held_out_worst_db")}
     reference = run(fp32, held_out, "onnxruntime")
     for backend in BACKENDS:
         got = run(int8, held_out, backend)

@@ -117,7 +117,7 @@ def quantize(model: Model, calibration_data: Any = None, method: str = DEFAULT_M
     where one falls below the floor, the quantizer escalates by itself to the mixed precision
     that ``min_sqnr=quality_floor`` gives (GPTQ-rounded weights, the noisiest layers kept float
     on int8-stored weights), warns once (``QuantizationEscalationWarning``) with which layers
-    stayed float and what they cost in weight bytes and in the share of FLOPs left float, and
+    stayed float and what they cost in file size and in the share of FLOPs left float, and
     records it in the ``quantization`` metadata under ``escalated``. ``None`` keeps plain INT8
     whatever its quality (the guard still warns below ``guard.MIN_SQNR_DB``). Not with
     ``bias_correction`` or ``quantize_outputs``, which ask for plain INT8.

@@ -11,7 +11,7 @@ model's ``quantization`` metadata under ``escalated``:
 
 - why: the output (or part) and its SQNR, and the floor;
 - which layers stayed float, and how many of how many;
-- what it cost: weight bytes against plain INT8's, and the share of the model's FLOPs that
+- what it cost: the ``.eim`` size against plain INT8's and fp32's, and the share of the model's FLOPs that
   now run in float (an estimate of the speed given up: float layers between integer ones also
   add a DequantizeLinear/QuantizeLinear pair each; measure with ``edgeinfer bench``).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from edgeinfer.ir.cost import node_flops
@@ -65,8 +66,19 @@ def escalated(model: Model, plain: Model, calibration: Calibration, reference: C
     return Model(mixed.graph, metadata)
 
 
-def _weight_bytes(model: Model) -> int:
-    return sum(int(array.nbytes) for array in model.graph.initializers.values() if array.dtype != object)
+def _file_bytes(*models: Model) -> list[int]:
+    """The size of each model's ``.eim`` as saved (narrow and int8-stored weights as the file
+    holds them, which the arrays in memory do not show)."""
+    import tempfile
+
+    sizes = []
+    with tempfile.TemporaryDirectory(prefix="edgeinfer_sizes_") as folder:
+        for index, model in enumerate(models):
+            path = Path(folder) / f"{index}.eim"
+            model.save(path)
+            sizes.append(path.stat().st_size)
+            path.unlink()
+    return sizes
 
 
 def _record(model: Model, plain: Model, mixed: Model, kept: Sequence[str], worst: tuple[str, float],
@@ -77,11 +89,11 @@ def _record(model: Model, plain: Model, mixed: Model, kept: Sequence[str], worst
     quality = json.loads(mixed.metadata.get("quantization", "{}")).get("quality", {}).get("outputs", {})
     after = min((float(f["sqnr_db"]) for f in quality.values()), default=float("nan"))
     plain_layers = int(json.loads(plain.metadata.get("quantization", "{}")).get("layers", 0))
+    mixed_bytes, plain_bytes, float_bytes = _file_bytes(mixed, plain, model)
     return {"reason": {"output": worst[0], "sqnr_db": round(worst[1], 2), "floor_db": floor},
             "met": bool(met), "held_out_worst_db": round(after, 2),
             "float_layers": len(kept), "quantizable_layers": plain_layers, "kept_float": list(kept),
-            "weight_bytes": _weight_bytes(mixed), "plain_int8_weight_bytes": _weight_bytes(plain),
-            "float_weight_bytes": _weight_bytes(model),
+            "file_bytes": mixed_bytes, "plain_int8_file_bytes": plain_bytes, "fp32_file_bytes": float_bytes,
             "float_flops_share": round(sum(flops.get(name, 0.0) for name in kept) / total, 4)}
 
 
@@ -89,9 +101,10 @@ def _message(record: Mapping[str, Any]) -> str:
     reason = record["reason"]
     named = ", ".join(record["kept_float"][:SHOWN_LAYERS])
     more = f" and {record['float_layers'] - SHOWN_LAYERS} more" if record["float_layers"] > SHOWN_LAYERS else ""
-    size = record["weight_bytes"] / max(record["plain_int8_weight_bytes"], 1)
+    size = record["file_bytes"] / max(record["plain_int8_file_bytes"], 1)
+    fp32 = record["file_bytes"] / max(record["fp32_file_bytes"], 1)
     return (f"plain INT8 output {reason['output']!r} reached {reason['sqnr_db']:.1f} dB on held-out samples, below "
             f"the {reason['floor_db']:g} dB floor: escalated to mixed precision, {record['float_layers']} of "
             f"{record['quantizable_layers']} layers float ({named}{more}); held-out worst now "
-            f"{record['held_out_worst_db']:.1f} dB; weights {size:.2f}x plain INT8's, "
+            f"{record['held_out_worst_db']:.1f} dB; file {size:.2f}x plain INT8's ({fp32:.2f}x fp32's), "
             f"{record['float_flops_share']:.0%} of FLOPs in float (quality_floor=None keeps plain INT8)")

@@ -91,7 +91,8 @@ def test_default_quantize_escalates_below_the_floor_and_says_what_it_cost(loud, 
     assert record["reason"]["output"] == "out[:, 4:7]" and record["reason"]["sqnr_db"] < 12
     assert "logits" in record["kept_float"] and 0 < record["float_layers"] < record["quantizable_layers"]
     assert 0 < record["float_flops_share"] < 0.5 and record["held_out_worst_db"] >= 20
-    assert record["weight_bytes"] < record["float_weight_bytes"]  # still far smaller than fp32
+    # a toy of 1,800 weights: the file is mostly its graph; still below fp32, never below plain INT8
+    assert record["plain_int8_file_bytes"] <= record["file_bytes"] < record["fp32_file_bytes"]
     mixed.graph.verify()
     got = outputs(mixed, samples(6, 99), backend)
     assert sqnr(reference[:, SCORES], got[:, SCORES]) >= 20  # was about 6 dB
