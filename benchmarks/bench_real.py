@@ -304,6 +304,34 @@ def table(rows: Sequence[dict[str, Any]], backends: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def updated(existing: str, rows: Sequence[dict[str, Any]], backends: Sequence[str], argv: Sequence[str],
+            missing: Sequence[str] = ()) -> str:
+    """``--update``: ``existing`` (an earlier run's page) with this run's rows in place of theirs
+    (new models after the others), its preamble kept and a line saying which rows this run
+    measured, when, and at what load; refused when the backend columns differ."""
+    lines = existing.splitlines()
+    header = "| " + " | ".join(["model", "package", "format", "convert s", "native ms", *backends, "auto",
+                                "auto/native paired"]) + " |"
+    if header not in lines:
+        raise SystemExit(f"--update: {len(lines)} lines read, no table with the columns {header}: rerun without it")
+    start = lines.index(header)
+    end = start + 2
+    while end < len(lines) and lines[end].startswith("| "):
+        end += 1
+    ids = {row["id"] for row in rows}
+    kept = [line for line in lines[start + 2:end] if line.split(" | ")[0][2:] not in ids]
+    fresh = table(rows, backends).splitlines()[2:]
+    command = " ".join(["python benchmarks/bench_real.py", *argv])
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    note = (f"Rows {', '.join(sorted(ids))} measured by `{command}` on "
+            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC (load average {load} when written).")
+    pending = [f"Not measured yet in this run: {', '.join(missing)}."] if missing else []
+    preamble = [line for line in lines[:start] if not line.startswith("Rows ")]
+    while preamble and not preamble[-1].strip():
+        preamble.pop()
+    return "\n".join([*preamble, "", note, "", *lines[start:start + 2], *kept, *fresh, "", *pending]) + "\n"
+
+
 def document(rows: Sequence[dict[str, Any]], backends: Sequence[str], args: argparse.Namespace, argv: Sequence[str],
              missing: Sequence[str] = ()) -> str:
     command = " ".join(["python benchmarks/bench_real.py", *argv])
@@ -344,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads per contender (default 2)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "real_models.md")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument("--update", action="store_true",
+                        help="replace only this run's rows in the page --out holds (with --only: add new models)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--backends", nargs="+", help="time only these backends besides auto and native "
                         "(default: every installed one)")
@@ -375,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--backends {unknown}: expected installed backends among {backends}")
         backends = [b for b in backends if b in args.backends]
     rows, load = [], os.getloadavg()
+    previous = Path(args.out).read_text() if args.update else ""
     for entry in entries:
         print(f"{entry.id} ...", file=sys.stderr, flush=True)
         with warnings.catch_warnings():
@@ -385,7 +416,9 @@ def main(argv: list[str] | None = None) -> None:
             from edgeinfer.format.atomic import atomic_write_bytes
 
             missing = [m.id for m in entries[len(rows):]]
-            atomic_write_bytes(args.out, document(rows, backends, args, argv, missing).encode())
+            page = updated(previous, rows, backends, argv, missing) if args.update else \
+                document(rows, backends, args, argv, missing)
+            atomic_write_bytes(args.out, page.encode())
     print(table(rows, backends))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in load)}; at end: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
