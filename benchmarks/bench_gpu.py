@@ -77,8 +77,7 @@ import edgeinfer as ei  # noqa: E402
 from devkit import zoo  # noqa: E402
 from edgeinfer.backend import get_backend  # noqa: E402
 from edgeinfer.backends.torch.backend import link_bytes_per_second  # noqa: E402
-from edgeinfer.runtime import placement  # noqa: E402
-from edgeinfer.runtime.executors import SequentialExecutor  # noqa: E402
+from edgeinfer.runtime.compile import compile  # noqa: E402
 from edgeinfer.runtime.stream.pipeline import Pipeline, Stage, StagePlan  # noqa: E402
 
 
@@ -318,9 +317,8 @@ def stream_model(batch: int, quick: bool) -> onnx.ModelProto:
 
 def _stage(graph, nodes, backend, keep) -> Stage:
     sub = graph.subgraph(graph.nodes[nodes.start:nodes.stop], name=f"{graph.name}_{backend.name}")
-    plan = placement.make_plan(sub, [backend])
-    parts = placement.compile_parts(plan, [backend], threads=None, busy_wait=False)
-    return Stage(nodes, [SequentialExecutor(sub, parts)], frozenset(keep))
+    _, runner = compile(sub, [backend], busy_wait=False)
+    return Stage(nodes, [runner], frozenset(keep))
 
 
 def requests_per_second(serve, requests: list[dict[str, np.ndarray]]) -> float:

@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ray.init(address=args.address, log_to_driver=False, configure_logging=False)
     raw = raw_onnxruntime(proto, args.threads)
-    local = ei.Session(model, backend="onnxruntime", threads=args.threads, stages=args.stages, replicas=1)
-    on_ray = ei.Session(model, backend="onnxruntime", threads=args.threads, executor="ray", stages=args.stages,
-                        replicas=1)
+    local = ei.Session(model, backend="onnxruntime", threads=args.threads,
+                       options=ei.StreamOptions(stages=args.stages, replicas=1))
+    on_ray = ei.Session(model, backend="onnxruntime", threads=args.threads, executor="ray",
+                        options=ei.StreamOptions(stages=args.stages, replicas=1))
     on_ray.run(pool[0])  # start the actors (planning and compiling are not timed)
     local.pipeline_plan(pool[0], stages=args.stages, replicas=1)
 

@@ -187,8 +187,8 @@ def measure(entry: RealModel, *, backends: Sequence[str], threads: int, runs: in
     sessions, results = [], {}
     for backend in [*backends, "auto"]:
         try:
-            options = {"cache": False} if backend == "auto" else {}
-            session = ei.Session(model, backend=backend, threads=threads, **options)
+            options = [ei.AutoOptions(cache=False)] if backend == "auto" else []
+            session = ei.Session(model, backend=backend, threads=threads, options=options)
             sessions.append(session)
             got = list(session.run(named).values())
             results[backend] = {"error": relative_error(got, reference)}

@@ -68,7 +68,7 @@ def bench_latency(name: str, proto: onnx.ModelProto, model: ei.Model, feeds: dic
         raw["litert"] = litert
     backend_of = {"onnxruntime": "onnxruntime", "openvino": "openvino", "litert": "tflite"}
     ours = {engine: ei.Session(model, backend=backend_of[engine], threads=threads) for engine in raw}
-    auto = ei.Session(model, backend="auto", threads=threads, cache=cache)
+    auto = ei.Session(model, backend="auto", threads=threads, options=ei.AutoOptions(cache=cache))
     runs = {f"raw {engine}": (lambda r=r: r(feeds)) for engine, r in raw.items()}
     runs.update({f"edgeinfer {backend_of[engine]}": (lambda s=s: s.run(feeds)) for engine, s in ours.items()})
     runs["edgeinfer auto"] = lambda: auto.run(feeds)
@@ -122,7 +122,8 @@ def bench_stream(name: str, proto: onnx.ModelProto, model: ei.Model, *, threads:
     sessions = {
         "edgeinfer stream, planner (onnxruntime)": (ei.Session(model, backend="onnxruntime", threads=threads),
                                                      {"stages": "auto"}),
-        "edgeinfer stream, planner (backend=auto)": (ei.Session(model, backend="auto", threads=threads, cache=cache),
+        "edgeinfer stream, planner (backend=auto)": (ei.Session(model, backend="auto", threads=threads,
+                                                                options=ei.AutoOptions(cache=cache)),
                                                       {"stages": "auto"}),
         "edgeinfer stream, 2 stages, no replicas (onnxruntime)": (
             ei.Session(model, backend="onnxruntime", threads=threads), {"stages": 2, "replicas": 1}),

@@ -133,7 +133,8 @@ def main() -> None:
             fastest: dict[str, float] = {}  # each contender's fastest call over all rounds
             base_ms = []
             with ei.Session(model, backend="tflite", threads=args.threads) as tfl, \
-                    ei.Session(model, backend="auto", threads=args.threads, cache=False) as auto:
+                    ei.Session(model, backend="auto", threads=args.threads,
+                               options=ei.AutoOptions(cache=False)) as auto:
                 runs = {"native": litert_runner(path, feeds, args.threads),
                         "re-export": litert_runner(exported, feeds, args.threads),
                         "tflite": lambda s=tfl, f=named: s.run(f), "auto": lambda s=auto, f=named: s.run(f)}

@@ -55,6 +55,8 @@ from edgeinfer.cli.bench import machine_facts
 from edgeinfer.cli.peers import raw_litert, raw_onnxruntime, raw_openvino
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.runtime import placement
+from edgeinfer.runtime.compile import compile, compile_parts
+from edgeinfer.runtime.executors import SequentialExecutor
 from edgeinfer.timing import ENGINE_BLOCK, ENGINE_SETTLE, time_engines, time_interleaved
 
 
@@ -107,9 +109,9 @@ def split(calls: int) -> dict[str, float]:
     model = ei.convert(proto)
     feeds = zoo.example_inputs(proto)
     backends = placement.make_backends(["onnxruntime", "numpy"])
-    whole = placement.build_executor(placement.make_plan(model.graph, backends), backends, threads=1)
+    _, whole = compile(model.graph, backends, threads=1)
     parts_plan = placement.make_plan(model.graph, backends, branches=True)
-    parts = placement.build_executor(parts_plan, backends, threads=1)
+    parts = SequentialExecutor(model.graph, compile_parts(parts_plan, backends, threads=1))
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = 1, 2
     options.execution_mode = ort.ExecutionMode.ORT_PARALLEL

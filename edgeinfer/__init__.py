@@ -30,13 +30,15 @@ if TYPE_CHECKING:
     from edgeinfer.ir import Graph, Node, Value
     from edgeinfer.model import Model, TensorInfo
     from edgeinfer.quantize import quantize
+    from edgeinfer.runtime.options import AutoOptions, RayOptions, RunOptions, StreamOptions
     from edgeinfer.runtime.session import Session
 
 # Imported on first use (PEP 562), so that `import edgeinfer.cli` and `edgeinfer --help` load
 # neither onnx (whose ml_dtypes import alone takes about a second) nor an engine.
 _LAZY = {"convert": "edgeinfer.api", "export": "edgeinfer.api", "load": "edgeinfer.api",
          "quantize": "edgeinfer.quantize", "Session": "edgeinfer.runtime.session", "Model": "edgeinfer.model",
-         "TensorInfo": "edgeinfer.model", "Graph": "edgeinfer.ir", "Node": "edgeinfer.ir", "Value": "edgeinfer.ir"}
+         "TensorInfo": "edgeinfer.model", "Graph": "edgeinfer.ir", "Node": "edgeinfer.ir", "Value": "edgeinfer.ir",
+         **dict.fromkeys(("RunOptions", "AutoOptions", "StreamOptions", "RayOptions"), "edgeinfer.runtime.options")}
 
 
 def __getattr__(name: str):
@@ -70,6 +72,10 @@ __all__ = [
     "load",
     "quantize",
     "Session",
+    "RunOptions",
+    "AutoOptions",
+    "StreamOptions",
+    "RayOptions",
     "Model",
     "TensorInfo",
     "Graph",

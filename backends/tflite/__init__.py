@@ -9,8 +9,10 @@ Engine options (``Session(model, backend="tflite", delegate="libedgetpu.so.1")``
   ``load_delegate``; required for ``device="gpu"`` / ``"npu"``;
 - ``delegate_options``: a dict of the delegate's options (strings).
 
-One interpreter per compiled executable; an interpreter must not be called from two threads
-at once, so ``Executable.thread_safe`` is False and the scheduler compiles one per worker.
+An interpreter must not be called from two threads at once: an executable lends each
+concurrent call an idle interpreter of its shapes (another one from the same flatbuffer when all
+are busy), so it is thread safe on the CPU. With a delegate it keeps one interpreter and stays
+on the thread that made it.
 Importing this module raises ``ImportError`` when no TFLite runtime is installed.
 """
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,72 +46,95 @@ def runtime() -> Any:
     return interpreter
 
 
-class TFLiteExecutable(Executable):
-    """One interpreter per shape signature of the inputs (at most ``SHAPES_KEPT``, the least
-    recently used dropped first). A graph with dynamic dims gets a fresh interpreter sized to
-    each new signature before its first allocation: XNNPACK plans a delegated subgraph for the
-    shapes it is prepared with, and resizing one planned at the flatbuffer's placeholder dims
-    (1 for a symbolic H or W, too small for a 3x3 conv) fails ("XNNPack delegate failed to
-    reshape"); a kept interpreter also saves re-planning when sizes alternate."""
+_SHAPE = operator.attrgetter("shape")
 
-    thread_safe = False  # a TFLite interpreter runs one invocation at a time
+
+class TFLiteExecutable(Executable):
+    """Idle interpreters per shape signature of the inputs (at most ``SHAPES_KEPT`` signatures,
+    the oldest dropped first). A TFLite interpreter runs one invocation at a time,
+    so a call takes an idle interpreter of its shapes and gives it back: calls from several
+    threads at once each get their own (another one is made from the same flatbuffer when all
+    are busy), which makes the executable thread safe on the CPU. A graph with dynamic dims
+    gets a fresh interpreter sized to each new signature before its first allocation: XNNPACK
+    plans a delegated subgraph for the shapes it is prepared with, and resizing one planned at
+    the flatbuffer's placeholder dims (1 for a symbolic H or W, too small for a 3x3 conv) fails
+    ("XNNPack delegate failed to reshape"); a kept interpreter also saves re-planning when sizes
+    alternate. With a delegate (which may hold a device context) there is one interpreter,
+    resized in place, and the executable is neither thread safe nor movable between threads."""
+
     SHAPES_KEPT = 8
 
     def __init__(self, graph: Graph, interpreter: Any, flatbuffer: bytes, facts: Mapping[str, Any],
                  make_interpreter: Callable[[], Any] | None = None):
         super().__init__(graph)
-        self.interpreter = interpreter  # the one used last
-        self.flatbuffer = flatbuffer  # the interpreter reads the model from this buffer; keep it alive
+        self.flatbuffer = flatbuffer  # the interpreters read the model from this buffer; keep it alive
         self._facts = dict(facts)
         self._make = make_interpreter
-        # On the CPU (builtin kernels, XNNPACK) any thread may invoke it, one at a time; a
-        # delegate may hold thread-bound state (the GPU delegate's GL context), so it stays put.
-        self.thread_affine = bool(self._facts.get("delegate"))
+        self.thread_safe = make_interpreter is not None
+        self.thread_affine = not self.thread_safe
         details = interpreter.get_input_details()
         self._inputs = [d["index"] for d in details]
         self._outputs = [d["index"] for d in interpreter.get_output_details()]
-        self._by_shape: OrderedDict[tuple, Any] = OrderedDict()
+        self._interpreters = 1
+        self._one = interpreter  # resized in place where no factory makes others
+        self._idle: OrderedDict[tuple, list[Any]] = OrderedDict()  # shapes -> idle interpreters
         if facts.get("allocated", True):
-            self._by_shape[tuple(tuple(int(n) for n in d["shape"]) for d in details)] = interpreter
+            self._idle[tuple(tuple(int(n) for n in d["shape"]) for d in details)] = [interpreter]
 
     def _interpreter_for(self, shapes: tuple) -> Any:
-        found = self._by_shape.get(shapes)
-        if found is not None:
-            self._by_shape.move_to_end(shapes)
-            return found
+        """An interpreter allocated for ``shapes`` (none of that size is idle)."""
         if self._make is not None:
             interpreter = self._make()
-        else:  # no factory: the one interpreter is resized in place (and no longer holds its old shapes)
-            interpreter = self.interpreter
-            self._by_shape.clear()
+            self._interpreters += 1
+        else:  # the one interpreter is resized in place (and no longer holds its old shapes)
+            interpreter = self._one
+            self._idle.clear()
         for index, shape in zip(self._inputs, shapes, strict=True):
             interpreter.resize_tensor_input(index, shape, strict=False)
         with native_info_quiet():  # XNNPACK announces itself when it first prepares the graph
             interpreter.allocate_tensors()
-        self._by_shape[shapes] = interpreter
-        while len(self._by_shape) > self.SHAPES_KEPT:
-            self._by_shape.popitem(last=False)
         return interpreter
 
+    def _shelf(self, shapes: tuple) -> list[Any]:
+        """The idle list of ``shapes``, made (and the oldest signatures dropped) if it is new."""
+        shelf = self._idle.setdefault(shapes, [])
+        while len(self._idle) > self.SHAPES_KEPT:
+            self._idle.popitem(last=False)
+        return shelf
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = list(map(np.ascontiguousarray, map(feeds.__getitem__, self.input_names)))
+        shapes = tuple(map(_SHAPE, arrays))
+        idle = self._idle.get(shapes)
         try:
-            arrays = [np.ascontiguousarray(feeds[name]) for name in self.input_names]
-            interpreter = self.interpreter = self._interpreter_for(tuple(a.shape for a in arrays))
+            interpreter = idle.pop() if idle else self._interpreter_for(shapes)
+        except IndexError:  # another thread took the last idle one meanwhile
+            interpreter = self._interpreter_for(shapes)
+        except (RuntimeError, ValueError) as exc:
+            raise self._failed(feeds, exc) from exc
+        try:
             for index, array in zip(self._inputs, arrays, strict=True):
                 interpreter.set_tensor(index, array)
             interpreter.invoke()
-            results = [interpreter.get_tensor(index) for index in self._outputs]
+            results = list(map(interpreter.get_tensor, self._outputs))  # copies: the interpreter may go back
         except (RuntimeError, ValueError) as exc:
-            shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
-            raise BackendError(f"the TFLite interpreter failed to run graph {self.graph.name!r} with inputs "
-                               f"{shapes}: {first_line(exc)}") from exc
+            raise self._failed(feeds, exc) from exc
+        finally:
+            (self._idle.get(shapes) or self._shelf(shapes)).append(interpreter)
         return dict(zip(self.output_names, results, strict=True))
 
+    def _failed(self, feeds: Mapping[str, Any], exc: Exception) -> BackendError:
+        shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
+        return BackendError(f"the TFLite interpreter failed to run graph {self.graph.name!r} with inputs "
+                            f"{shapes}: {first_line(exc)}")
+
     def stats(self) -> dict[str, Any]:
-        return {**{k: v for k, v in self._facts.items() if k != "allocated"}, "shape_signatures": len(self._by_shape)}
+        return {**{k: v for k, v in self._facts.items() if k != "allocated"}, "shape_signatures": len(self._idle),
+                "interpreters": self._interpreters}
 
     def close(self) -> None:
-        self.interpreter = None  # before the buffer it reads the model from
+        self._idle = OrderedDict()  # the interpreters go before the buffer they read the model from
+        self._one = None
         self.flatbuffer = b""
 
 
@@ -180,8 +204,8 @@ class TFLiteBackend(Backend):
         facts = {"runtime": module.__name__, "op_resolver": resolver, "delegate": engine.get("delegate"),
                  "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer), "allocated": allocated}
         # a delegate library is loaded once (its handle shared by interpreters) and may hold one
-        # device context: a graph with dynamic dims then resizes its one interpreter in place
-        factory = make_interpreter if dynamic and not delegates else None
+        # device context: one interpreter then, a graph with dynamic dims resizing it in place
+        factory = make_interpreter if not delegates else None
         return TFLiteExecutable(graph, interpreter, flatbuffer, facts, factory)
 
     @staticmethod

@@ -36,6 +36,7 @@ from edgeinfer.cli.memory import PeakRSS
 from edgeinfer.cli.progress import NoProgress, Progress
 from edgeinfer.errors import BackendError, EdgeInferError
 from edgeinfer.model import Model
+from edgeinfer.runtime.options import RunOptions, session_keywords
 from edgeinfer.timing import BLAS_SPIN_S, ENGINE_BLOCK, ENGINE_SETTLE, ENGINE_SETTLE_S, time_interleaved
 
 STREAM_EXECUTORS = ("local", "ray")
@@ -184,8 +185,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
             progress.describe(f"compiling {label}")
 
             def make(backend=backend) -> tuple[Any, Callable[[], Any]]:
-                session = Session(model, backend=backend, threads=threads, example_feeds=feeds,
-                                  **_options_for(backend, session_options))
+                session = Session(model, **session_keywords(backend=backend, threads=threads, example_feeds=feeds,
+                                                            **_options_for(backend, session_options)))
                 return session, lambda: session.run(feeds)
 
             try:
@@ -457,8 +458,8 @@ def _child_peak_rss(path: str, feeds: dict[str, Any], backend: Any, peer: str | 
         from edgeinfer.runtime.session import Session
 
         def make() -> tuple[Any, Callable[[], Any]]:
-            session = Session(model, backend=backend, threads=threads, example_feeds=feeds,
-                              **_options_for(backend, session_options))
+            session = Session(model, **session_keywords(backend=backend, threads=threads, example_feeds=feeds,
+                                                        **_options_for(backend, session_options)))
             return session, lambda: session.run(feeds)
 
     contender = _prepare("child", make, warmup)
@@ -503,7 +504,7 @@ def _op_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile | 
 
     samples: dict[str, list[float]] = {}
     ops: dict[str, str] = {}
-    with Session(session.model, backend="numpy", threads=session.threads, debug=True) as debug:
+    with Session(session.model, backend="numpy", threads=session.threads, options=RunOptions(debug=True)) as debug:
         for _ in range(runs):
             debug.run(feeds)
             for label, seconds, _shapes in debug.stats().get("node_timings") or []:
@@ -559,8 +560,8 @@ def stream(model: Model, backend: str | list[str], feeds: Mapping[str, Any], *, 
         session_options = {**session_options, "executor": "ray"}
     label = backend_label(backend)
     # the pipeline's shape is the session's (Ray builds its actors from it)
-    with Session(model, backend=backend, threads=threads, stages=stages, replicas=replicas,
-                 **session_options) as session:
+    with Session(model, **session_keywords(backend=backend, threads=threads, stages=stages, replicas=replicas,
+                                           **session_options)) as session:
         start = time.perf_counter()
         plan = session.pipeline_plan(feeds)  # the stream below reuses it
         planning = time.perf_counter() - start

@@ -27,6 +27,7 @@ from edgeinfer.cli.support import (
     session_options,
 )
 from edgeinfer.errors import InputError
+from edgeinfer.runtime.options import RunOptions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -382,9 +383,8 @@ def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: b
     asked = parse_backend(backend)
     _check_delegate_backends(backend_options, [asked])
     with auto_progress(asked == "auto" or executor == "auto"):
-        session = ei.Session(model, backend=asked, threads=threads, device=device, fallback=fallback,
-                             executor=executor, debug=profile or None, backend_options=backend_options,
-                             example_feeds=feeds)  # auto decides on these shapes, not on guessed dims
+        session = ei.Session(model, backend=asked, threads=threads, device=device, executor=executor,
+                             options=RunOptions(fallback=fallback, debug=profile or None, backend_options=backend_options, example_feeds=feeds))  # auto decides on these shapes, not on guessed dims
     to_stdout = json_path is not None and str(json_path) == "-"
     for line in choice_lines(session):
         click.echo(line, err=True)

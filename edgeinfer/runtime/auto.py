@@ -77,6 +77,7 @@ class AutoChoice:
     native: str | None = None  # the candidate that is the native engine on the whole graph, if one ran
     native_note: str = ""  # why the native engine is no whole-graph candidate, where it is not
     reason: str = ""  # why the winner won (fastest, or the native engine kept within the margin)
+    repartitions: dict[str, list[str]] = field(default_factory=dict)  # candidate -> what moved off an engine, why
     # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
     prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
 
@@ -93,6 +94,7 @@ class AutoChoice:
                                      ("chosen", label == winner)) if on]
             lines.append(f"  {label}: {ms:.3g} ms" + (f" ({'; '.join(marks)})" if marks else ""))
         lines += [f"  {label}: not timed: {why}" for label, why in self.skipped.items()]
+        lines += [f"  {label}: re-partitioned: {note}" for label, notes in self.repartitions.items() for note in notes]
         return "\n".join(lines)
 
 
@@ -260,7 +262,8 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     """Compile every candidate priority list (and ``native``'s, the engine of the model's source
     format, first), time them interleaved on ``feeds``, return the winner by ``decide`` (with its
     compiled runner in ``prepared``: the caller owns and closes it)."""
-    from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
+    from edgeinfer.runtime.compile import compile
+    from edgeinfer.runtime.placement import make_backends, make_plan
 
     feeds = dict(feeds)
     lists = _native_first(lists, native)
@@ -271,6 +274,7 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     label_of: dict[str, list[str]] = {}
     built: dict[str, tuple[Any, Any]] = {}
     placements: dict[tuple, str] = {}
+    moved: dict[str, list[str]] = {}
     for index, names in enumerate(lists, 1):
         label = ",".join(names)
         progress.info("candidate %d/%d: %s (compile, warm-up)", index, len(lists), label)
@@ -290,7 +294,10 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
                 skipped[label] = f"places every node as {placements[placement]!r} does"
                 continue
             placements[placement] = label
-            runner = build_executor(plan, backends, threads=threads)
+            notes: list[str] = []
+            plan, runner = compile(model.graph, backends, threads=threads, notes=notes)  # re-partitioned if a part fails
+            if notes:
+                moved[label] = notes
             runner.run(feeds)  # warm-up; also proves the candidate runs
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot compile or run is dropped
             if runner is not None:
@@ -333,7 +340,8 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
             runner.close()
     log.info("backend='auto' timings (median ms): %s -> %s (%s)", medians, winner, reason)
     return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped, native=native_label,
-                      native_note=native_note, reason=reason, prepared=(*built[winner], runners[winner]))
+                      native_note=native_note, reason=reason, repartitions=moved,
+                      prepared=(*built[winner], runners[winner]))
 
 
 def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, threads: int | None,
@@ -343,14 +351,14 @@ def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, t
     the engine leaves cores idle inside one branch (numpy), and can cost where it does not
     (onnxruntime re-lays tensors out at every cut), so it is measured, not assumed.
     Returns (executor name, plan, runner, median ms of each)."""
-    from edgeinfer.runtime.fallback import compile_runner
+    from edgeinfer.runtime.compile import compile
 
     built = {}
     excluded: dict[int, dict[str, str]] = {}  # parts that failed to compile, for both
     try:
         for name in ("sequential", "dag"):
-            built[name] = compile_runner(model.graph, backends, executor=name, threads=threads, debug=debug,
-                                         excluded=excluded)
+            built[name] = compile(model.graph, backends, executor=name, threads=threads, debug=debug,
+                                  excluded=excluded)
     except BaseException:
         for _, runner in built.values():
             runner.close()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -25,22 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CompileOptions, Executable
-from edgeinfer.errors import BackendError, SchedulerError
+from edgeinfer.errors import InputError, SchedulerError
 from edgeinfer.ir import Graph
 
 if TYPE_CHECKING:
-    from edgeinfer.runtime.partition import Part
-
-
-class PartCompileError(BackendError):
-    """A part's backend could not compile it (``part``: the part, ``cause``: the engine's error)."""
-
-    def __init__(self, part: Part, cause: BaseException):
-        super().__init__(f"{part.backend} could not compile {len(part.nodes)} node(s) of "
-                         f"{part.graph.name!r}: {str(cause).splitlines()[0] if str(cause) else type(cause).__name__}")
-        self.part = part
-        self.cause = cause
+    from edgeinfer.runtime.parts import CompiledPart
 
 
 def settle(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
@@ -52,122 +40,6 @@ def settle(future: Future, *, result: Any = None, error: BaseException | None = 
             future.set_result(result)
     except InvalidStateError:
         pass
-
-
-class CompiledPart:
-    """A part compiled on its backend. A thread-safe executable is shared. One that is not runs
-    one call at a time: if it may move between threads (``thread_affine=False``, a TFLite
-    interpreter on the CPU) the part lends idle copies to callers and compiles another only
-    when all are busy, so streams that come and go reuse them; if it is bound to the thread
-    that compiled it, each calling thread compiles its own, freed when the thread ends."""
-
-    def __init__(self, part: Part, backend: Backend, options: CompileOptions):
-        self.part = part
-        self.backend = backend
-        self.options = options
-        try:
-            first = backend.compile(part.graph, options)
-        except Exception as exc:  # noqa: BLE001 - the owner re-partitions or raises it
-            raise PartCompileError(part, exc) from exc
-        self.proven = False  # a run has succeeded: later failures belong to their request
-        self.failure: tuple[BaseException, dict[str, Any]] | None = None  # the first run's error, feeds
-        self._all: weakref.WeakSet[Executable] = weakref.WeakSet()  # every copy alive, to close
-        self._all.add(first)
-        self.closed = False
-        self.thread_safe = first.thread_safe
-        self.thread_affine = not first.thread_safe and first.thread_affine
-        self.first = first
-        self.compiled = 1  # executables compiled so far (the idle pool and thread-bound ones)
-        self._lock = threading.Lock()
-        self._idle: list[Executable] = [first]
-        self._local = threading.local()
-        self._local.executable = first
-        self.inputs = part.inputs
-        self.outputs = part.outputs
-        self.resident: str | None = getattr(first, "resident", None)  # see Executable.resident
-
-    def executable(self) -> Executable:
-        """The executable this thread would run now (thread safe: the shared one)."""
-        if not self.thread_affine:  # thread safe, or lent to any thread
-            return self.first
-        return self._bound()
-
-    def _bound(self) -> Executable:
-        executable = getattr(self._local, "executable", None)
-        if executable is None:
-            executable = self._compile()
-            self._local.executable = executable
-        return executable
-
-    def _compile(self) -> Executable:
-        if self.closed:
-            raise SchedulerError(f"part {self.part.graph.name!r} is closed: its session or plan was closed")
-        executable = self.backend.compile(self.part.graph, self.options)
-        with self._lock:
-            self.compiled += 1
-            self._all.add(executable)
-        return executable
-
-    def run(self, env: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Run on the part's inputs picked from ``env``: numpy in, numpy out."""
-        return self.call({name: env[name] for name in self.inputs})
-
-    def call(self, feeds: dict[str, Any], resident: bool = False) -> dict[str, Any]:
-        """Run on ``feeds``; with ``resident`` through ``Executable.run_resident`` (values of
-        this part's family in and out, left on its device)."""
-        if self.proven:
-            return self._run(feeds, resident)
-        try:
-            results = self._run(feeds, resident)
-        except Exception as exc:
-            if not self.proven and self.failure is None:  # kept for the re-partition's probes: on the host
-                self.failure = (exc, {name: self.to_host(value) for name, value in feeds.items()})
-            raise
-        self.proven = True
-        return results
-
-    def from_host(self, value: Any) -> Any:
-        """A host array as a value of this part's family on its device (``Executable.from_host``)."""
-        return self.first.from_host(value)
-
-    def to_host(self, value: Any) -> np.ndarray:
-        """One of this part's device-resident values (or a host array) as a numpy array."""
-        if self.resident is None or isinstance(value, (np.ndarray, np.generic)):
-            return value
-        return self.first.to_host(value)
-
-    def close(self) -> None:
-        """Close every compiled copy (the shared one, idle ones, thread-bound ones still alive)."""
-        with self._lock:
-            self.closed = True
-            copies = list(self._all)
-            self._all = weakref.WeakSet()
-            self._idle = []
-        for executable in copies:
-            close = getattr(executable, "close", None)
-            if close is not None:
-                close()
-        self.first = None
-        self._local = threading.local()
-
-    def _run(self, feeds: dict[str, Any], resident: bool = False) -> dict[str, Any]:
-        if self.closed:
-            raise SchedulerError(f"part {self.part.graph.name!r} is closed: its session or plan was closed")
-        if self.thread_safe:
-            executable = self.first
-            return executable.run_resident(feeds) if resident else executable.run(feeds)
-        if self.thread_affine:
-            executable = self._bound()
-            return executable.run_resident(feeds) if resident else executable.run(feeds)
-        with self._lock:
-            executable = self._idle.pop() if self._idle else None
-        if executable is None:
-            executable = self._compile()
-        try:
-            return executable.run_resident(feeds) if resident else executable.run(feeds)
-        finally:
-            with self._lock:
-                self._idle.append(executable)
 
 
 def host_key(name: str) -> tuple[str, str]:
@@ -196,6 +68,16 @@ class PlanRunner:
         inits = graph.initializers
         # an output that no part produces is a graph input or a constant
         self.constant_outputs = {n: inits[n] for n in self.output_names if n not in produced and n in inits}
+        self.failure: tuple[int, BaseException, dict[str, Any]] | None = None  # see prove()
+        keep = set(self.output_names)
+        last_reader: dict[str, int] = {}
+        for index, part in enumerate(self.parts):
+            for name in part.inputs:
+                last_reader[name] = index
+        self._free: list[list[str]] = [[] for _ in self.parts]  # per part: values no later part reads
+        for name, index in last_reader.items():
+            if name not in keep:
+                self._free[index].append(name)
         self._plan_handoffs()
 
     def _plan_handoffs(self) -> None:
@@ -257,7 +139,8 @@ class PlanRunner:
         for name, key in self._device_copies[index]:
             if key not in env:  # the first reader to run copies it (two DAG branches at once: both may)
                 env[key] = part.from_host(env[name])
-        results = part.call({name: env[key] for name, key in self._feed_keys[index]}, resident=part.resident is not None)
+        feeds = {name: env[key] for name, key in self._feed_keys[index]}
+        results = part.call_resident(feeds) if part.resident is not None else part.call(feeds)
         for name in self.host_copies[index]:
             host = part.to_host(results[name])
             if name in self._both:
@@ -271,68 +154,79 @@ class PlanRunner:
         return {name: env[keys[name]] if keys[name] in env else self.constant_outputs[name]
                 for name in self.output_names}
 
+    def prove(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        """A first run: the parts one at a time in order; where one fails, ``failure`` keeps
+        (part index, error, its feeds on the host) for the re-partition's probes, and the error
+        is raised. Later runs go through ``run``, which keeps nothing of the sort."""
+        env = dict(feeds)
+        for index, part in enumerate(self.parts):
+            try:
+                env.update(self._run_part(index, env))
+            except InputError:
+                raise
+            except Exception as exc:
+                host = {name: part.to_host(env[key]) for name, key in self._feed_keys[index]}
+                self.failure = (index, exc, host)
+                raise
+            self._drop(env, index)
+        return self._results(env)
+
+    def _drop(self, env: dict[Any, Any], index: int) -> None:
+        """Drop the values no part after part ``index`` reads (and their other copies)."""
+        for name in self._free[index]:
+            env.pop(name, None)
+            for key in self._extra_keys.get(name, ()):
+                env.pop(key, None)
+
     def close(self) -> None:
         """Close every part's compiled executables (and, for the DAG executor, stop its threads)."""
         self._close_parts()
 
     def _close_parts(self) -> None:
+        self.run = self._closed_run
         for part in self.parts:
             part.close()
 
+    def _closed_run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        raise SchedulerError(f"the runner of {self.graph.name!r} is closed: its session or plan was closed")
+
 
 class SequentialExecutor(PlanRunner):
-    """Parts one after the other; each value is dropped after its last reader."""
+    """Parts one after the other; each value is dropped after its last reader.
+
+    ``run`` is chosen once, at construction: where one part is the whole graph and returns its
+    outputs in the graph's order, it is that part's ``call`` (a thread-safe executable's own
+    ``run``: nothing of the runtime between the caller and the engine); else a loop over the
+    parts that picks each part's inputs and frees values after their last reader."""
 
     def __init__(self, graph: Graph, parts: Sequence[CompiledPart]):
         super().__init__(graph, parts)
-        keep = set(self.output_names)
-        last_reader: dict[str, int] = {}
-        for index, part in enumerate(self.parts):
-            for name in part.inputs:
-                last_reader[name] = index
-        self._free: list[list[str]] = [[] for _ in self.parts]
-        for name, index in last_reader.items():
-            if name not in keep:
-                self._free[index].append(name)
+        self._steps = [(part, part.inputs, free) for part, free in zip(self.parts, self._free)]
         single = self.parts[0] if len(self.parts) == 1 else None
-        self._direct = single is not None and set(single.outputs) == set(self.output_names) and \
-            set(single.inputs) == set(graph.input_names) and not self.constant_outputs
-        self._same_order = self._direct and list(single.outputs) == list(self.output_names)
+        whole = single is not None and list(single.outputs) == list(self.output_names) and \
+            len(set(self.output_names)) == len(self.output_names) and \
+            set(single.inputs) == set(graph.input_names) and single.resident is None
+        if whole:
+            self.run = single.call  # checked feeds are exactly its inputs
+        elif self.resident:
+            self.run = self._run_resident
+        else:
+            self.run = self._run_host
 
-    def direct_call(self) -> Any:
-        """The executable's own ``run`` when it alone serves checked feeds as this runner would:
-        one part that is the whole graph, outputs in graph order (no duplicates), a thread-safe
-        host executable that has run once. None otherwise (or before its first run)."""
-        if not self._same_order or len(set(self.output_names)) != len(self.output_names):
-            return None
-        part = self.parts[0]
-        if not (part.proven and part.thread_safe) or part.resident is not None or part.closed:
-            return None
-        return part.first.run
-
-    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
-        if self._direct:  # one part that is the whole graph: no bookkeeping at all
-            part = self.parts[0]
-            if len(feeds) == len(part.inputs):  # exactly its inputs (checked feeds): no copy
-                results = part.call(feeds)
-            else:
-                results = part.run(feeds)
-            if self._same_order and len(results) == len(self.output_names):
-                return results
-            return {name: results[name] for name in self.output_names}
-        env = dict(feeds)
-        if not self.resident:
-            for part, free in zip(self.parts, self._free):
-                env.update(part.run(env))
-                for name in free:
-                    env.pop(name, None)
-            return self._results(env)
-        for index, free in enumerate(self._free):
-            env.update(self._run_part(index, env))
+    def _run_host(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        env = {**self.constant_outputs, **feeds}
+        for part, inputs, free in self._steps:
+            env.update(part.call(dict(zip(inputs, map(env.__getitem__, inputs)))))
             for name in free:
                 env.pop(name, None)
-                for key in self._extra_keys.get(name, ()):
-                    env.pop(key, None)
+        names = self.output_names
+        return dict(zip(names, map(env.__getitem__, names)))
+
+    def _run_resident(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        env = dict(feeds)
+        for index in range(len(self.parts)):
+            env.update(self._run_part(index, env))
+            self._drop(env, index)
         return self._results(env)
 
 

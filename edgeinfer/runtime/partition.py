@@ -61,14 +61,15 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
     ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
     a pinned backend that cannot run its node is a ``BackendError``. ``excluded`` (node index
     -> {backend name: reason}) keeps nodes off backends that accepted them but then failed to
-    compile or run them (the runtime's re-partition); the reason is kept like a decline.
+    compile or run them (the runtime's re-partition); the reason is kept like a decline. A
+    pinned node barred from its backend is placed as an unpinned one.
     """
     excluded = excluded or {}
     by_name = {b.name: b for b in backends}
     placed: list[str] = []
     declined: dict[int, dict[str, str]] = {}
     for index, node in enumerate(graph.nodes):
-        if pinned and index in pinned:
+        if pinned and index in pinned and pinned[index] not in excluded.get(index, {}):
             name = pinned[index]
             if name not in by_name:
                 raise BackendError(f"{node.label} pinned to backend {name!r}, which is not among "
@@ -91,7 +92,8 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
             raise BackendError(f"no backend can run {node.label}: {listed}")
         if reasons:
             declined[index] = reasons
-    _follow_consumers(graph, by_name, placed, set(pinned or ()), excluded)
+    held = {i for i, name in (pinned or {}).items() if name not in excluded.get(i, {})}
+    _follow_consumers(graph, by_name, placed, held, excluded)
     return Assignment(placed, declined)
 
 

@@ -1,9 +1,9 @@
-"""Placement: which backend runs each node, and compiling the parts for an executor.
+"""Placement: which backend runs each node.
 
     backends = make_backends(["onnxruntime", "numpy"])
     plan = make_plan(graph, backends)            # capability partition (see partition.py)
     print(plan.describe())                      # which subgraph runs where, and why
-    runner = build_executor(plan, backends, threads=2, executor="dag")
+    plan, runner = compile(graph, backends, threads=2, executor="dag")   # runtime/compile.py
     outputs = runner.run(feeds)
 
 ``Session`` (``runtime/session.py``) is the public face of all of this.
@@ -11,16 +11,14 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from edgeinfer.backend import Backend, CompileOptions, get_backend, installed_backends
+from edgeinfer.backend import Backend, get_backend, installed_backends
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph
-from edgeinfer.runtime.executors import CompiledPart, DagExecutor, PlanRunner, SequentialExecutor
 from edgeinfer.runtime.partition import Assignment, Part, assign, describe, group, split_branches
 
 EXECUTORS = ("sequential", "dag")
@@ -130,7 +128,7 @@ def make_plan(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int,
     return Plan(graph, assignment, parts)
 
 
-def _concurrency(parts: Sequence[Part]) -> list[int]:
+def concurrency(parts: Sequence[Part]) -> list[int]:
     """For each part, how many other parts may run at the same time as it (neither its
     ancestor nor its descendant). Ancestor and descendant sets are bitmasks (Python ints), so
     the work is parts x edges / 64 word operations instead of parts squared set lookups."""
@@ -154,48 +152,11 @@ def _concurrency(parts: Sequence[Part]) -> list[int]:
     return [len(parts) - 1 - (ancestors[i] | descendants[i]).bit_count() for i in range(len(parts))]
 
 
-def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | None, debug: bool = False,
-                  share_threads: bool = False, busy_wait: bool = True) -> list[CompiledPart]:
-    """Compile every part on its backend. With ``share_threads`` (the DAG executor), a part that
-    may run beside others gets a share of ``threads``; a part that runs alone gets them all.
-    ``busy_wait=False`` when other executables run on the same cores at the same time."""
-    by_name = {b.name: b for b in backends}
-    shares = _concurrency(plan.parts) if share_threads and threads else [0] * len(plan.parts)
-    compiled: list[CompiledPart] = []
-    try:
-        for part, others in zip(plan.parts, shares):
-            part_threads = threads if not others else max(1, threads // min(others + 1, threads))
-            options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait)
-            compiled.append(CompiledPart(part, by_name[part.backend], options))
-    except BaseException:  # a part that fails to compile: close the ones compiled before it
-        for done in compiled:
-            done.close()
-        raise
-    return compiled
-
-
-def build_executor(plan: Plan, backends: Sequence[Backend], *, threads: int | None, executor: str = "sequential",
-                   debug: bool = False) -> PlanRunner:
-    if executor not in EXECUTORS:
-        raise BackendError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)} "
-                           "(streams use Session.stream)")
-    parallel = executor == "dag"
-    if parallel and threads is None:
-        threads = os.cpu_count() or 1
-    parts = compile_parts(plan, backends, threads=threads, debug=debug, share_threads=parallel,
-                          busy_wait=not parallel)
-    if not parallel:
-        return SequentialExecutor(plan.graph, parts)
-    workers = max(1, min(threads, max(_concurrency(plan.parts), default=0) + 1))
-    return DagExecutor(plan.graph, parts, workers)
-
-
 __all__ = [
     "EXECUTORS",
     "Plan",
     "backend_priority",
-    "build_executor",
-    "compile_parts",
+    "concurrency",
     "make_backends",
     "make_plan",
     "spec_options",

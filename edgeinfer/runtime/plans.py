@@ -24,6 +24,7 @@ from typing import Any
 
 from edgeinfer.errors import SchedulerError
 from edgeinfer.ir import Graph
+from edgeinfer.runtime.compile import compile
 from edgeinfer.runtime.fallback import run_proving
 from edgeinfer.runtime.feeds import Signature
 
@@ -211,7 +212,7 @@ class CompiledPlan(Owned):
 
     def __init__(self, signature: Signature | None, settings: EngineSettings, graph: Graph, backends: list,
                  plan: Any, runner: Any, executor: str, *, executor_ms: Mapping[str, float] | None = None,
-                 auto_choice: Any = None):
+                 auto_choice: Any = None, prove: bool = True):
         super().__init__()
         self.signature = signature  # None: one plan serves every signature
         self.settings = settings
@@ -225,29 +226,31 @@ class CompiledPlan(Owned):
         self.stage_plans = PlanCache(settings.plan_cache_size)
         self.repartitions: list[str] = []  # what moved to another backend, and why
         self.excluded: dict[int, dict[str, str]] = {}  # node -> {backend: why it failed there}
-        self.proven = False  # every part has run once (no re-partition is due any more)
+        self.proven = False  # a request has run on it (no re-partition is due any more)
         self.proving = threading.Lock()
+        if runner is None:
+            self.run = self._no_runner
+        elif prove:
+            self.run = self._first_run
+        else:  # runs already proved it (auto ran the candidate it compiled while measuring)
+            self.proved()
 
     @property
     def threads(self) -> int | None:
         return self.settings.threads
 
-    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        if self.proven:  # (read first: a re-partition puts its runner in place before it is set)
-            return self.runner.run(feeds)
-        if self.runner is None:
-            raise SchedulerError("this plan has no local runner (executor='ray' runs on its actors)")
+    # ``run(feeds)``: checked feeds in, outputs out. One callable, replaced once: the first
+    # requests go through the re-partition (``fallback.run_proving``); from the first success on,
+    # ``run`` is the runner's own (for one part that is the whole graph, the engine's ``run``).
+    def _first_run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         return run_proving(self, feeds)
 
-    def direct_call(self) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-        """What runs checked feeds with the fewest layers once the plan is proven (no re-partition
-        can replace its runner any more): the executable's own ``run`` where it alone is the plan
-        (``SequentialExecutor.direct_call``), else the runner's; None before the proof."""
-        runner = self.runner
-        if not self.proven or runner is None:
-            return None
-        direct = getattr(runner, "direct_call", None)
-        return (direct() if direct is not None else None) or runner.run
+    def proved(self) -> None:
+        self.run = self.runner.run
+        self.proven = True
+
+    def _no_runner(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        raise SchedulerError("this plan has no local runner (executor='ray' runs on its actors)")
 
     def stage_plan(self, key: Hashable, build: Callable[[], Any]) -> Any:
         return self.stage_plans.get(key, build)
@@ -259,9 +262,13 @@ class CompiledPlan(Owned):
         return text
 
     def _close(self) -> None:
+        self.run = self._closed_run
         self.stage_plans.close()
         if self.runner is not None:
             self.runner.close()
+
+    def _closed_run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        raise SchedulerError("this plan is closed: its session was closed or it was evicted")
 
 
 def build_plan(model: Any, settings: EngineSettings, signature: Signature | None,
@@ -271,7 +278,6 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     shapes and ``signature`` is None. What auto compiled while measuring is reused when it is
     what this plan runs, and closed otherwise (never two compiled models alive for one plan)."""
     from edgeinfer.runtime import placement
-    from edgeinfer.runtime.fallback import compile_runner
 
     graph = model.graph
     executor = settings.executor
@@ -288,8 +294,10 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
         if prepared is not None:
             if local == "sequential" and not settings.debug:
                 backends, plan, runner = prepared  # compiled while measuring
-                return CompiledPlan(signature, settings, graph, backends, plan, _local(runner, executor), executor,
-                                    auto_choice=auto_choice)
+                compiled = CompiledPlan(signature, settings, graph, backends, plan, _local(runner, executor), executor,
+                                        auto_choice=auto_choice, prove=False)
+                compiled.repartitions.extend(auto_choice.repartitions.get(",".join(names), []))
+                return compiled
             prepared[2].close()
     else:
         names = placement.backend_priority(settings.backend)
@@ -306,8 +314,8 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     elif executor == "ray":
         plan, runner = placement.make_plan(graph, backends), None
     else:
-        plan, runner = compile_runner(graph, backends, executor=local, threads=settings.threads,
-                                      debug=settings.debug, excluded=excluded, notes=notes)
+        plan, runner = compile(graph, backends, executor=local, threads=settings.threads,
+                               debug=settings.debug, excluded=excluded, notes=notes)
     compiled = CompiledPlan(signature, settings, graph, backends, plan, runner, executor,
                             executor_ms=executor_ms, auto_choice=auto_choice)
     compiled.repartitions.extend(notes)

@@ -26,6 +26,7 @@ from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.model import Model, TensorInfo
 from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature
+from edgeinfer.runtime.options import RayOptions, from_keywords, gather
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
 
 log = logging.getLogger("edgeinfer.runtime.session")
@@ -61,81 +62,58 @@ class Session:
     every worker thread and closes everything compiled.
     """
 
-    def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy",
-                 threads: int | None = None, *, device: str = "cpu", fallback: bool = False,
-                 executor: str = "sequential", debug: bool | None = None,
-                 backend_options: Mapping[str, Mapping[str, Any]] | None = None,
-                 cache: str | os.PathLike | bool | None = None, stages: int | str | None = "auto",
-                 replicas: int | Sequence[int] | str | None = "auto", address: str | None = None,
-                 stage_resources: Any = None, ray_options: Mapping[str, Any] | None = None,
-                 example_feeds: Mapping[str, Any] | None = None,
-                 buckets: Mapping[str, Sequence[int]] | None = None, plan_cache_size: int = 8,
-                 plan_budget: float | None = None, **engine_options: Any):
+    def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy", threads: int | None = None, *,
+                 device: str = "cpu", executor: str = "sequential", options: Any = None, **engine_options: Any):
         from edgeinfer.runtime import placement
         from edgeinfer.runtime.stream.pipeline import check_choice
 
+        opts, engine_options = from_keywords(gather(options), dict(engine_options))
         if not isinstance(model, Model):
             from edgeinfer.api import load_any
 
             model = load_any(model)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise BackendError(f"threads must be a positive integer, got {threads!r}")
-        self.model = model
-        self.threads = threads
-        self.device = check_device(device)
-        self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if debug is None else debug
-        options = dict(backend_options or {})
-        if engine_options:
-            if not isinstance(backend, str) or backend == "auto":
-                raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
-                                   f"{backend!r} give backend_options={{name: {{...}}}}")
-            options[backend] = {**options.get(backend, {}), **engine_options}
-        self.backend_options = options
-        self.fallback = fallback
+        run, stream = opts.run, opts.stream
+        self.model, self.threads, self.device, self.options = model, threads, check_device(device), opts
+        self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if run.debug is None else run.debug
+        self.backend_options = _engine_options(backend, run.backend_options, engine_options)
+        self.fallback = run.fallback
         if executor not in (*placement.EXECUTORS, "auto", "ray"):
             raise BackendError(f"executor {executor!r}: expected one of {', '.join(placement.EXECUTORS)}, auto, ray")
-        check_choice(stages, replicas)
-        if plan_budget is not None and (not isinstance(plan_budget, (int, float)) or plan_budget <= 0):
-            raise BackendError(f"plan_budget {plan_budget!r}: expected a positive number of seconds")
-        self.stages, self.replicas, self.plan_budget = stages, replicas, plan_budget
-        self._ray_settings = None
-        if executor == "ray":
-            from edgeinfer.runtime.stream.ray import import_ray, ray_settings
-
-            import_ray()  # a clear error now if Ray is missing
-            self._ray_settings = ray_settings(address, stage_resources, ray_options)
-            if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
-                raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
-        if backend != "auto":
-            names = placement.backend_priority(backend)  # a bad list is an error now
-            self.backend_name = backend if isinstance(backend, str) else ",".join(
-                n if isinstance(n, str) else n.name for n in names)
-        else:
-            self.backend_name = "auto"
-        self._settings = EngineSettings(backend, executor, threads, self.device, fallback, options, self.debug,
-                                        cache, plan_cache_size)
-        self._checker = FeedChecker(model.inputs, buckets)
+        check_choice(stream.stages, stream.replicas)
+        if stream.plan_budget is not None and (not isinstance(stream.plan_budget, (int, float))
+                                               or stream.plan_budget <= 0):
+            raise BackendError(f"plan_budget {stream.plan_budget!r}: expected a positive number of seconds")
+        self.stages, self.replicas, self.plan_budget = stream.stages, stream.replicas, stream.plan_budget
+        self._ray_settings = _ray_settings(executor, backend, opts.ray)
+        self.backend_name = "auto" if backend == "auto" else _backend_label(backend, placement.backend_priority(backend))
+        self._settings = EngineSettings(backend, executor, threads, self.device, self.fallback, self.backend_options,
+                                        self.debug, opts.auto.cache, run.plan_cache_size)
+        self._checker = FeedChecker(model.inputs, run.buckets)
         self._inputs = model.inputs
-        self.plan_cache = PlanCache(plan_cache_size)  # CompiledPlan per signature (auto decisions)
-        self._single: CompiledPlan | None = None  # the one plan when nothing depends on shapes
-        self._direct: Callable[[dict[str, Any]], dict[str, np.ndarray]] | None = None  # _single's, once proven
+        self.plan_cache = PlanCache(run.plan_cache_size)  # CompiledPlan per signature (auto decisions)
+        self._single: CompiledPlan | None = None  # the one plan when only one can exist
         self._current: CompiledPlan | None = None  # the plan used last
-        # per signature: the last signature run, its proven plan, and what runs that plan directly
-        self._recent: tuple[Signature, CompiledPlan, Callable[[dict[str, Any]], dict[str, np.ndarray]]] | None = None
         self._async_pool: ThreadPoolExecutor | None = None
         self._streams: weakref.WeakSet = weakref.WeakSet()
         self._detached: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._ray = None  # the RayPipeline, made on the first request
         self._closed = False
-        self._example = self._checker.check(example_feeds) if example_feeds is not None else None
+        self._example = self._checker.check(run.example_feeds) if run.example_feeds is not None else None
         if not self._settings.per_signature:
             self._single = self._current = build_plan(model, self._settings, None, None)
         else:
             sample = self._example if self._example is not None else (
                 model.random_feeds() if self._checker.static else None)
             if sample is not None:
-                self._plan_for(sample)
+                plan = self._plan_for(sample)
+                if self._checker.static:  # static inputs: no other signature can come
+                    self._single = plan
+        # what ``run`` hands checked feeds to: the one plan (its ``run`` is the engine's once
+        # proven), or None where the plan depends on the request (signatures, Ray)
+        self._fast = self._single if self._ray_settings is None else None
 
     # -- plans --------------------------------------------------------------------------------
     def signature(self, feeds: Mapping[str, Any]) -> Signature:
@@ -185,7 +163,7 @@ class Session:
     def compiled_plans(self) -> dict[Signature | None, CompiledPlan]:
         """The compiled plans held now, by signature (None: one plan serves every signature)."""
         if self._single is not None:
-            return {None: self._single}
+            return {self._single.signature: self._single}
         return {plan.signature: plan for plan in self.plan_cache.values()}
 
     @property
@@ -246,44 +224,21 @@ class Session:
         """Run once. ``feeds`` maps input name -> array; returns output name -> array."""
         if self._closed:
             self._check_open()
-        direct = self._direct  # the one plan, proven: straight to what runs it
-        results = direct(self._checker.check(feeds)) if direct is not None else \
+        fast = self._fast
+        results = fast.run(self._checker.check(feeds)) if fast is not None else \
             self._run_checked(self._checker.check(feeds))
         return results if outputs is None else self._select(results, outputs)
 
     def _run_checked(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
         if self._ray_settings is not None:
             return next(iter(self._ray_pipeline(checked).serve([checked])))
-        single = self._single
-        if single is not None:
-            results = single.run(checked)
-            if self._direct is None and single.proven:
-                self._direct = single.direct_call()
-            return results
+        if self._single is not None:
+            return self._single.run(checked)
         signature = self._checker.signature(checked)
-        recent = self._recent
-        if recent is not None and (recent[0] is signature or recent[0] == signature) and not recent[1].retired:
-            # the same signature as the last run: its plan, kept open while it runs, without the
-            # cache's lookup (it is the cache's most recent entry already) or the plan's layers
-            plan = recent[1]
-            try:
-                plan.acquire()
-            except SchedulerError:  # closed since (evicted): through the cache below
-                self._recent = None
-            else:
-                try:
-                    self._current = plan
-                    return recent[2](checked)
-                finally:
-                    plan.release()
         plan = self.plan_cache.acquire(signature, self._build(signature, checked))  # held open while it runs
         try:
             self._current = plan
-            results = plan.run(checked)
-            if plan.proven:
-                direct = plan.direct_call()
-                self._recent = (signature, plan, direct) if direct is not None else None
-            return results
+            return plan.run(checked)
         finally:
             plan.release()
 
@@ -443,7 +398,7 @@ class Session:
             if self._closed:
                 return
             self._closed = True
-            self._direct = self._recent = None
+            self._fast = None
             pool, self._async_pool = self._async_pool, None
             ray_pipeline, self._ray = self._ray, None
         for pipeline in list(self._streams):
@@ -500,3 +455,31 @@ def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
 
     future.add_done_callback(done)
     return chained
+
+
+def _engine_options(backend: Any, per_backend: Mapping[str, Mapping[str, Any]] | None,
+                    engine_options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Engine options by backend name: ``RunOptions.backend_options``, plus keywords for a single backend."""
+    options = {name: dict(values) for name, values in (per_backend or {}).items()}
+    if engine_options:
+        if not isinstance(backend, str) or backend == "auto":
+            raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
+                               f"{backend!r} give options=RunOptions(backend_options={{name: {{...}}}})")
+        options[backend] = {**options.get(backend, {}), **engine_options}
+    return options
+
+
+def _backend_label(backend: Any, names: Sequence[Any]) -> str:
+    return backend if isinstance(backend, str) else ",".join(n if isinstance(n, str) else n.name for n in names)
+
+
+def _ray_settings(executor: str, backend: Any, ray: RayOptions) -> dict[str, Any] | None:
+    """``RayPipeline``'s keywords with ``executor="ray"`` (a clear error now if Ray is missing)."""
+    if executor != "ray":
+        return None
+    from edgeinfer.runtime.stream.ray import import_ray
+
+    import_ray()
+    if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
+        raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
+    return ray.settings()

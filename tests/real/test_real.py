@@ -99,7 +99,7 @@ def test_eim_round_trip_on_every_backend(entry: RealModel, backend: str, tmp_pat
 @pytest.mark.parametrize("entry", MODELS, ids=ids)
 def test_auto_backend(entry: RealModel):
     p = prepared(entry)
-    with ei.Session(p.model, backend="auto", threads=2, cache=False) as session:
+    with ei.Session(p.model, backend="auto", threads=2, options=ei.AutoOptions(cache=False)) as session:
         compare(run_session(session, p.model, p.feeds), p.reference, entry, "auto")
 
 

@@ -27,7 +27,7 @@ def model():
 def test_auto_measures_then_reuses_its_cached_choice(model, tmp_path, monkeypatch):
     feeds = model.random_feeds(seed=4)
     reference = ei.Session(model, backend="numpy").run(feeds)
-    first = ei.Session(model, backend="auto", threads=1, cache=tmp_path)
+    first = ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path))
     choice = first.auto_choice
     assert not choice.cached and choice.median_ms
     timed = set(choice.median_ms) | set(choice.skipped)
@@ -42,18 +42,18 @@ def test_auto_measures_then_reuses_its_cached_choice(model, tmp_path, monkeypatc
         raise AssertionError("a cached choice must not be measured again")
 
     monkeypatch.setattr(auto, "measure", no_measuring)
-    second = ei.Session(model, backend="auto", threads=1, cache=tmp_path)
+    second = ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path))
     assert second.auto_choice.cached and second.auto_choice.backends == choice.backends
     assert_close(second.run(feeds)["logits"], reference["logits"], rtol=1e-4, atol=1e-5)
     # another thread count is another key: measured again
     with pytest.raises(AssertionError, match="must not be measured"):
-        ei.Session(model, backend="auto", threads=2, cache=tmp_path)
+        ei.Session(model, backend="auto", threads=2, options=ei.AutoOptions(cache=tmp_path))
 
 
 def test_a_corrupt_cache_is_ignored_and_rewritten(model, tmp_path, caplog):
     (tmp_path / auto.CACHE_FILE).write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="edgeinfer.runtime.auto"):
-        session = ei.Session(model, backend="auto", threads=1, cache=tmp_path)
+        session = ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path))
     assert "unreadable" in caplog.text
     assert json.loads((tmp_path / auto.CACHE_FILE).read_text())[session.auto_choice.key]
 
@@ -67,7 +67,7 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 
 def test_auto_skips_a_candidate_that_cannot_run(model, tmp_path, monkeypatch):
     monkeypatch.setattr(auto, "candidates", lambda installed: [["tensorrt"], ["onnxruntime", "numpy"]])
-    session = ei.Session(model, backend="auto", cache=False)
+    session = ei.Session(model, backend="auto", options=ei.AutoOptions(cache=False))
     assert session.auto_choice.backends == ["onnxruntime", "numpy"]
     assert "unknown backend 'tensorrt'" in session.auto_choice.skipped["tensorrt"]
 
@@ -79,7 +79,7 @@ def test_an_auto_sessions_stream_measures_the_other_engines_too(model, tmp_path)
     feeds = [model.random_feeds(seed=s) for s in range(6)]
     reference = ei.Session(model, backend="numpy")
     expected = [reference.run(f)["logits"] for f in feeds]
-    with ei.Session(model, backend="auto", threads=2, cache=tmp_path) as session:
+    with ei.Session(model, backend="auto", threads=2, options=ei.AutoOptions(cache=tmp_path)) as session:
         plan = session.pipeline_plan(feeds[0], stages="auto")
         chosen = set(session.auto_choice.backends)
         others = {c["on"] for c in plan.candidates if "on" in c}
@@ -103,7 +103,8 @@ def test_missing_gpu_provider_is_a_clear_error_or_a_logged_fallback(model, caplo
     with pytest.raises(BackendError, match=r"no GPU execution provider.*fallback=True runs on the CPU"):
         ei.Session(model, backend="onnxruntime", device="gpu")
     with caplog.at_level(logging.WARNING):
-        session = ei.Session(model, backend="onnxruntime", device="gpu", fallback=True)
+        session = ei.Session(model, backend="onnxruntime", device="gpu",
+                             options=ei.RunOptions(fallback=True))
     assert "falling back to CPUExecutionProvider" in caplog.text
     assert session.stats()["providers"] == ["CPUExecutionProvider"]
     assert session.backends[0].device == "cpu"
@@ -113,7 +114,8 @@ def test_explicit_missing_provider_errors_or_falls_back(model, caplog):
     with pytest.raises(BackendError, match=r"provider\(s\) \['QNNExecutionProvider'\] are not available"):
         ei.Session(model, backend="onnxruntime", providers=["QNNExecutionProvider"])
     with caplog.at_level(logging.WARNING):
-        session = ei.Session(model, backend="onnxruntime", providers=["QNNExecutionProvider"], fallback=True)
+        session = ei.Session(model, backend="onnxruntime", providers=["QNNExecutionProvider"],
+                             options=ei.RunOptions(fallback=True))
     assert "falling back" in caplog.text and session.stats()["providers"] == ["CPUExecutionProvider"]
 
 

@@ -22,7 +22,7 @@ def test_auto_keeps_the_default_when_random_feeds_cannot_run():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = rng.uniform(-1, 1, (1, 3, 20, 24)).astype(np.float32)
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    with ei.Session(ei.convert(model), backend="auto", cache=False) as session:
+    with ei.Session(ei.convert(model), backend="auto", options=ei.AutoOptions(cache=False)) as session:
         assert session.auto_choice is None  # nothing decided on guessed dims
         assert_close(session.run({"x": x})["y"], expected, rtol=1e-4, atol=1e-5)
         assert session.auto_choice.median_ms  # measured on the real 20x24 input

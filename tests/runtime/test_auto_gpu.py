@@ -57,7 +57,7 @@ def torch_refuses_softmax(monkeypatch):
 # -- one device per backend ------------------------------------------------------------------
 def test_backend_options_place_one_backend_on_a_device_of_its_own(model, feeds):
     with ei.Session(model, backend=["torch", "onnxruntime"], device="npu",
-                    backend_options={"torch": {"device": "cpu"}}, fallback=True) as session:
+                    options=ei.RunOptions(backend_options={"torch": {"device": "cpu"}}, fallback=True)) as session:
         devices = {b.name: b.device for b in session.backends}
         got = session.run(feeds)
     assert devices["torch"] == "cpu"
@@ -67,7 +67,8 @@ def test_backend_options_place_one_backend_on_a_device_of_its_own(model, feeds):
 
 def test_a_device_torch_does_not_see_is_named_in_the_error(model):
     with pytest.raises(BackendError, match=r"device 'cuda:0' is not available.*available: \['cpu'"):
-        ei.Session(model, backend=["torch", "onnxruntime"], backend_options={"torch": {"device": "cuda:0"}})
+        ei.Session(model, backend=["torch", "onnxruntime"],
+                   options=ei.RunOptions(backend_options={"torch": {"device": "cuda:0"}}))
     with pytest.raises(BackendError, match="is not available"):
         ei.Session(model, backend=["torch@cuda:0", "onnxruntime"])
 
@@ -117,7 +118,7 @@ def test_auto_times_torch_on_the_accelerator_and_the_mixed_plan(model, feeds, mo
 
     monkeypatch.setattr(auto_gpu, "accelerator", lambda: "cpu")
     monkeypatch.setattr(auto, "accelerator", lambda: "cpu")
-    with ei.Session(model, backend="auto", cache=False) as session:
+    with ei.Session(model, backend="auto", options=ei.AutoOptions(cache=False)) as session:
         choice = session.auto_choice
         got = session.run(feeds)
     mixed = "torch@cpu,onnxruntime@cpu,numpy"
@@ -136,14 +137,14 @@ def test_a_cached_choice_on_the_accelerator_is_reused(model, feeds, monkeypatch,
     monkeypatch.setattr(auto, "accelerator", lambda: "cpu")
     monkeypatch.setattr(auto, "candidates", lambda installed: [])  # only the accelerator candidates
     monkeypatch.setattr(auto, "native_engine", lambda model: None)  # (not the ONNX model's onnxruntime either)
-    first = ei.Session(model, backend="auto", cache=tmp_path)
+    first = ei.Session(model, backend="auto", options=ei.AutoOptions(cache=tmp_path))
     assert first.auto_choice.backends[0] == "torch@cpu"
-    second = ei.Session(model, backend="auto", cache=tmp_path)
+    second = ei.Session(model, backend="auto", options=ei.AutoOptions(cache=tmp_path))
     assert second.auto_choice.cached and second.auto_choice.backends == first.auto_choice.backends
     assert_close(second.run(feeds)["probs"], first.run(feeds)["probs"])
     # another accelerator is another machine's choice: measured again, not reused
     monkeypatch.setattr(auto, "accelerator", lambda: "mps")
-    third = ei.Session(model, backend="auto", cache=tmp_path)
+    third = ei.Session(model, backend="auto", options=ei.AutoOptions(cache=tmp_path))
     assert not third.auto_choice.cached
     for session in (first, second, third):
         session.close()
@@ -185,8 +186,8 @@ def test_ray_stage_actors_make_each_backend_on_its_own_device(model, feeds, torc
     try:
         # the session's device is one this machine lacks, with no fallback: only the specs' own
         # devices reaching the actors let them make their backends
-        with ei.Session(model, backend=["torch@cpu", "onnxruntime@cpu"], device="gpu",
-                        executor="ray", stages=1, replicas=1, stage_resources={"num_cpus": 0.5}) as session:
+        with ei.Session(model, backend=["torch@cpu", "onnxruntime@cpu"], device="gpu", executor="ray",
+                        options=[ei.StreamOptions(stages=1, replicas=1), ei.RayOptions(stage_resources={"num_cpus": 0.5})]) as session:
             got = session.run(feeds)
             backends = ray.get(session.ray_pipeline.actors[0][0].__ray_call__.remote(
                 lambda worker: {p.backend.name: p.backend.device for p in worker.runner.parts}))

@@ -50,7 +50,7 @@ def test_auto_on_a_tflite_model_times_litert_on_the_whole_graph(tflite_file, tmp
     compiled, original = _opcodes(export_tflite(model.graph)), _opcodes(tflite_file.read_bytes())
     assert not compiled - original and set(compiled) == set(original)
     feeds = model.random_feeds(seed=1)
-    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as session:
+    with ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path)) as session:
         choice = session.auto_choice
         assert choice.native == "tflite,numpy" and not choice.native_note
         assert "tflite,numpy" in choice.median_ms  # timed beside the others, never dropped
@@ -62,7 +62,7 @@ def test_auto_on_a_tflite_model_times_litert_on_the_whole_graph(tflite_file, tmp
         got = session.run(feeds)
     for value, expected in zip(got.values(), _litert_outputs(tflite_file, feeds), strict=True):
         assert_close(value, expected, rtol=1e-4, atol=1e-5)
-    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as again:  # from the disk cache
+    with ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path)) as again:  # from the disk cache
         assert again.auto_choice.cached
         assert (again.auto_choice.backends, again.auto_choice.native, again.auto_choice.reason) == \
             (choice.backends, choice.native, choice.reason)

@@ -14,7 +14,8 @@ import pytest
 
 import edgeinfer as ei
 from devkit.testing import assert_close, parse_model
-from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
+from edgeinfer.runtime.compile import compile
+from edgeinfer.runtime.placement import make_backends
 
 torch = pytest.importorskip("torch")
 from edgeinfer.backends.torch import TorchExecutable  # noqa: E402  (needs torch)
@@ -77,10 +78,9 @@ def model():
 def test_torch_parts_hand_tensors_to_each_other_and_copy_to_the_host_once(model, monkeypatch, executor):
     feeds = {"x": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
     backends = make_backends(["torch", "numpy"], options={"torch": {"device": DEVICE}})
-    plan = make_plan(model.graph, backends, pinned={NEG: "numpy"})
-    assert [p.backend for p in plan.parts] == ["torch", "numpy", "torch"], plan.describe()
     recorder = Recorder(monkeypatch)
-    runner = build_executor(plan, backends, threads=2, executor=executor)
+    plan, runner = compile(model.graph, backends, pinned={NEG: "numpy"}, threads=2, executor=executor)
+    assert [p.backend for p in plan.parts] == ["torch", "numpy", "torch"], plan.describe()
     try:
         got = runner.run(feeds)
     finally:
@@ -104,8 +104,7 @@ def test_torch_parts_hand_tensors_to_each_other_and_copy_to_the_host_once(model,
 def test_a_plan_of_numpy_parts_only_passes_arrays_as_before(model):
     """No resident part: the executor's plain path, no host copies planned."""
     backends = make_backends(["onnxruntime", "numpy"])
-    plan = make_plan(model.graph, backends, pinned={NEG: "numpy"})
-    runner = build_executor(plan, backends, threads=1)
+    _, runner = compile(model.graph, backends, pinned={NEG: "numpy"}, threads=1)
     try:
         assert not runner.resident and not any(runner.host_copies)
         feeds = {"x": np.ones((2, 8), np.float32)}
@@ -121,8 +120,6 @@ def test_a_failed_first_run_keeps_host_feeds_for_the_probes(model, monkeypatch):
     """The re-partition probes a failed part on the numpy reference: what it kept of the part's
     feeds is on the host even where the part was handed device tensors."""
     backends = make_backends(["torch", "numpy"], options={"torch": {"device": DEVICE}})
-    plan = make_plan(model.graph, backends, pinned={NEG: "numpy"})
-    runner = build_executor(plan, backends, threads=1)
     run_resident = TorchExecutable.run_resident
     calls = []
 
@@ -133,10 +130,12 @@ def test_a_failed_first_run_keeps_host_feeds_for_the_probes(model, monkeypatch):
         return run_resident(executable, feeds)
 
     monkeypatch.setattr(TorchExecutable, "run_resident", fail_second)
+    _, runner = compile(model.graph, backends, pinned={NEG: "numpy"}, threads=1)
     try:
         with pytest.raises(RuntimeError, match="on purpose"):
-            runner.run({"x": np.ones((2, 8), np.float32)})
-        _, kept = runner.parts[2].failure
+            runner.prove({"x": np.ones((2, 8), np.float32)})
+        index, _, kept = runner.failure
+        assert index == 2
     finally:
         runner.close()
     assert set(kept) == {"a", "b", "x"} and all(isinstance(v, np.ndarray) for v in kept.values())

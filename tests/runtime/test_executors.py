@@ -68,7 +68,7 @@ def test_dag_branches_overlap_on_two_threads_and_chains_stay_on_the_callers():
 def test_dag_executor_drops_each_value_after_its_last_reader(inception, monkeypatch):
     """A request keeps only the activations parts still have to read (and the graph outputs),
     not every value of the graph until it ends."""
-    from edgeinfer.runtime.executors import CompiledPart
+    from edgeinfer.runtime.parts import CompiledPart
 
     proto, model = inception
     feeds = zoo.example_inputs(proto, seed=1)
@@ -243,13 +243,15 @@ def test_executor_auto_keeps_the_faster_of_sequential_and_dag(inception):
     proto, model = inception
     feeds = zoo.example_inputs(proto, seed=4)
     reference = ei.Session(model, backend="numpy").run(feeds)
-    with ei.Session(model, backend="onnxruntime", threads=2, executor="auto", example_feeds=feeds) as session:
+    with ei.Session(model, backend="onnxruntime", threads=2, executor="auto",
+                    options=ei.RunOptions(example_feeds=feeds)) as session:
         assert set(session.executor_ms) == {"sequential", "dag"}
         assert session.executor == min(session.executor_ms, key=session.executor_ms.get)
         assert (len(session.plan.parts) > 1) == (session.executor == "dag")
         assert_close(session.run(feeds)["logits"], reference["logits"], rtol=RTOL, atol=ATOL)
     chain_model = ei.convert(zoo.mlp_symbolic_batch())
-    with ei.Session(chain_model, executor="auto", example_feeds=chain_model.random_feeds()) as chain:
+    with ei.Session(chain_model, executor="auto",
+                    options=ei.RunOptions(example_feeds=chain_model.random_feeds())) as chain:
         assert chain.executor == "sequential" and chain.executor_ms == {}  # a chain has no branches
     assert not edgeinfer_threads()
 
@@ -259,7 +261,7 @@ def test_concurrency_counts_the_parts_neither_before_nor_after_each_part(seed):
     """What the DAG executor sizes its thread shares by, against reachability by search."""
     from types import SimpleNamespace
 
-    from edgeinfer.runtime.placement import _concurrency
+    from edgeinfer.runtime.placement import concurrency
 
     rng = np.random.default_rng(seed)
     count = int(rng.integers(1, 60))
@@ -279,4 +281,4 @@ def test_concurrency_counts_the_parts_neither_before_nor_after_each_part(seed):
     before = [reach(i) for i in range(count)]
     expected = [sum(1 for j in range(count) if j != i and j not in before[i] and i not in before[j])
                 for i in range(count)]
-    assert _concurrency(parts) == expected
+    assert concurrency(parts) == expected

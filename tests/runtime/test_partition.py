@@ -11,8 +11,9 @@ import pytest
 import edgeinfer as ei
 from devkit.testing import assert_close, parse_model
 from edgeinfer.errors import BackendError
+from edgeinfer.runtime.compile import compile
 from edgeinfer.runtime.partition import split_branches
-from edgeinfer.runtime.placement import build_executor, make_backends, make_plan
+from edgeinfer.runtime.placement import make_backends, make_plan
 
 from .backends import RestrictedBackend
 
@@ -88,7 +89,9 @@ def test_every_placement_matches_numpy_alone(branchy, feeds):
         pinned = dict(enumerate(choice))
         plan = make_plan(branchy.graph, backends, pinned=pinned)
         check_structure(plan)
-        got = build_executor(plan, backends, threads=1).run(feeds)
+        _, runner = compile(branchy.graph, backends, pinned=pinned, threads=1)
+        got = runner.run(feeds)
+        runner.close()
         for name, ref in reference.items():
             assert_close(got[name], ref, name=f"{name} with placement {choice}")
 
@@ -102,7 +105,7 @@ def test_dag_split_of_random_placements_matches_numpy(branchy, feeds):
         pinned = dict(enumerate(rng.choice(["npu", "numpy"], len(branchy.graph.nodes))))
         plan = make_plan(branchy.graph, backends, pinned=pinned, branches=True)
         check_structure(plan, maximal=False)
-        runner = build_executor(plan, backends, threads=2, executor="dag")
+        _, runner = compile(branchy.graph, backends, pinned=pinned, threads=2, executor="dag")
         got = runner.run(feeds)
         runner.close()
         for name, ref in reference.items():
@@ -209,7 +212,9 @@ def test_a_value_read_only_inside_another_parts_if_branch_is_that_parts_output()
     assert [p.backend for p in plan.parts] == ["npu", "numpy"]
     assert plan.parts[0].outputs == ["c"]
     feeds = {"x": np.array([-1.0, 2.0, -3.0, 4.0], np.float32), "flag": np.array(True)}
-    got = build_executor(plan, backends, threads=1).run(feeds)
+    _, runner = compile(model.graph, backends, threads=1)
+    got = runner.run(feeds)
+    runner.close()
     assert_close(got["y"], ei.Session(model).run(feeds)["y"])
 
 
@@ -259,13 +264,13 @@ def test_compile_probes_judge_a_weights_dequantize_with_its_reader():
     constant output) or a Conv whose weight arrives as an input is no culprit of its own."""
     pytest.importorskip("ai_edge_litert")
     from edgeinfer.backend import get_backend
-    from edgeinfer.runtime.fallback import _probe_units, probe_compile
+    from edgeinfer.runtime.compile import probe_compile, probe_units
     from edgeinfer.runtime.partition import Part
 
     model = _qdq_conv_pair()
     graph = model.graph
     first = [i for i, node in enumerate(graph.nodes) if node.name in ("dq1", "conv", "relu")]
     part = Part("tflite", first, graph.subgraph([graph.nodes[i] for i in first]))
-    units = [([graph.nodes[i].name for i in indices], sub.output_names) for indices, sub in _probe_units(part)]
+    units = [([graph.nodes[i].name for i in indices], sub.output_names) for indices, sub in probe_units(part)]
     assert units == [(["dq1", "conv"], ["c"]), (["relu"], ["r"])]
     assert probe_compile(part, get_backend("tflite")) == {}

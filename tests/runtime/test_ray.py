@@ -44,8 +44,8 @@ def cnn():
 
 def test_thousand_requests_match_the_local_session_in_order(local_ray, cnn):
     model, pool, expected = cnn
-    with ei.Session(model, backend="onnxruntime", executor="ray", stages=2, replicas=[1, 2],
-                    stage_resources=HALF_CPU) as session:
+    with ei.Session(model, backend="onnxruntime", executor="ray",
+                    options=[ei.StreamOptions(stages=2, replicas=[1, 2]), ei.RayOptions(stage_resources=HALF_CPU)]) as session:
         count = 0
         for index, out in enumerate(session.stream(pool[i % 20] for i in range(1000))):
             assert_close(out["logits"], expected[index % 20], rtol=RTOL, atol=ATOL, name=f"request {index}")
@@ -58,8 +58,8 @@ def test_thousand_requests_match_the_local_session_in_order(local_ray, cnn):
 
 def test_a_killed_actor_is_restarted_and_nothing_is_lost_or_duplicated(local_ray, cnn):
     model, pool, expected = cnn
-    with ei.Session(model, backend="onnxruntime", executor="ray", stages=2, replicas=1,
-                    stage_resources=HALF_CPU) as session:
+    with ei.Session(model, backend="onnxruntime", executor="ray",
+                    options=[ei.StreamOptions(stages=2, replicas=1), ei.RayOptions(stage_resources=HALF_CPU)]) as session:
         results = []
         for index, out in enumerate(session.stream(pool[i % 20] for i in range(300))):
             results.append(out["logits"])
@@ -83,8 +83,8 @@ def test_backpressure_bounds_requests_in_flight(local_ray, cnn):
             pulled += 1
             yield feeds
 
-    with ei.Session(model, backend="onnxruntime", executor="ray", stages=2, replicas=1,
-                    stage_resources=HALF_CPU) as session:
+    with ei.Session(model, backend="onnxruntime", executor="ray",
+                    options=[ei.StreamOptions(stages=2, replicas=1), ei.RayOptions(stage_resources=HALF_CPU)]) as session:
         delivered = 0
         for _ in session.stream(source(), max_in_flight=4):
             delivered += 1
@@ -99,8 +99,8 @@ def test_a_stage_that_raises_passes_its_error_to_the_caller(local_ray):
         optimize=0)
     good = {"x": np.ones((2, 4), np.float32), "shape": np.array([4, 2], np.int64)}
     bad = {"x": np.ones((2, 4), np.float32), "shape": np.array([3, 3], np.int64)}
-    with ei.Session(model, backend="numpy", executor="ray", stages=2, replicas=1,
-                    stage_resources=HALF_CPU) as session:
+    with ei.Session(model, backend="numpy", executor="ray",
+                    options=[ei.StreamOptions(stages=2, replicas=1), ei.RayOptions(stage_resources=HALF_CPU)]) as session:
         got = []
         with pytest.raises(ei.EdgeInferError, match="Reshape"):
             for out in session.stream([good, good, bad, good]):
@@ -110,16 +110,16 @@ def test_a_stage_that_raises_passes_its_error_to_the_caller(local_ray):
 
 def test_a_plan_the_cluster_cannot_place_is_refused(local_ray, cnn):
     model, pool, _ = cnn
-    with ei.Session(model, backend="onnxruntime", executor="ray", stages=3, replicas=1,
-                    stage_resources={"num_cpus": 1}) as session:
+    with ei.Session(model, backend="onnxruntime", executor="ray",
+                    options=[ei.StreamOptions(stages=3, replicas=1), ei.RayOptions(stage_resources={"num_cpus": 1})]) as session:
         with pytest.raises(SchedulerError, match="need CPU 3 \\(cluster has 2\\)"):
             session.run(pool[0])
 
 
 def test_bad_ray_options_are_clear_errors(cnn):
     model, _, _ = cnn
-    with pytest.raises(BackendError, match="ray_options: unknown key"):
-        ei.Session(model, executor="ray", ray_options={"num_gpus": 1})
+    with pytest.raises(BackendError, match="ray_options: unknown key"), pytest.warns(DeprecationWarning):
+        ei.Session(model, executor="ray", ray_options={"num_gpus": 1})  # the deprecated keyword, checked
     with pytest.raises(BackendError, match="Backend objects cannot travel"):
         from .backends import FaultyBackend
 
@@ -165,10 +165,10 @@ def test_the_driver_compiles_no_stage_and_leaves_a_ray_it_did_not_start_running(
     def no_compiling(*args, **kwargs):
         raise AssertionError("the driver compiled a stage it hands to an actor")
 
-    monkeypatch.setattr(pipeline, "compile_parts", no_compiling)
+    monkeypatch.setattr(pipeline, "compile", no_compiling)
     model, pool, expected = cnn
-    with ei.Session(model, backend="onnxruntime", executor="ray", stages=2, replicas=1,
-                    stage_resources=HALF_CPU) as session:
+    with ei.Session(model, backend="onnxruntime", executor="ray",
+                    options=[ei.StreamOptions(stages=2, replicas=1), ei.RayOptions(stage_resources=HALF_CPU)]) as session:
         for index, out in enumerate(session.stream(pool[:6])):
             assert_close(out["logits"], expected[index], rtol=RTOL, atol=ATOL)
         assert session.compiled_plans[None].runner is None  # no local copy of the model either
@@ -186,9 +186,10 @@ def test_sessions_sharing_a_ray_instance_keep_it_until_the_last_one_closes(tmp_p
         feeds = zoo.example_inputs(proto)
         options = dict(backend="onnxruntime", executor="ray", stages=1, replicas=1,
                        stage_resources={"num_cpus": 0.5}, ray_options={"ray_init": {"num_cpus": 2}})
-        first = ei.Session(ei.convert(proto), **options)
+        from edgeinfer.runtime.options import session_keywords
+        first = ei.Session(ei.convert(proto), **session_keywords(**options))
         assert len(list(first.stream([feeds] * 5))) == 5
-        second = ei.Session(ei.convert(proto), **options)
+        second = ei.Session(ei.convert(proto), **session_keywords(**options))
         assert len(list(second.stream([feeds] * 5))) == 5
         first.close()
         assert ray.is_initialized()

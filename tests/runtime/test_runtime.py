@@ -19,6 +19,7 @@ from edgeinfer.backend import Backend, get_backend
 from edgeinfer.errors import EdgeInferError, InputError, SchedulerError
 from edgeinfer.runtime import auto
 from edgeinfer.runtime.feeds import Signature
+from edgeinfer.runtime.options import session_keywords
 from edgeinfer.runtime.plans import ReferenceFallbackWarning
 
 from .threads import edgeinfer_threads
@@ -67,7 +68,7 @@ def test_guessed_dims_would_fail_so_auto_waits_for_real_shapes(model, tmp_path, 
 
     monkeypatch.setattr(auto, "measure", counting)
     reference = ei.Session(model, backend="numpy")
-    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as session:
+    with ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path)) as session:
         assert measured == [] and session.auto_choice is None  # nothing decided on guessed dims
         with pytest.raises(SchedulerError, match="first run with real shapes"):
             session.plan  # noqa: B018 - the property raises
@@ -81,14 +82,14 @@ def test_guessed_dims_would_fail_so_auto_waits_for_real_shapes(model, tmp_path, 
         assert str(session.signature(image(32, 48))) == "height=32,width=48"
     stored = json.loads((tmp_path / auto.CACHE_FILE).read_text())
     assert len(stored) == 2  # the disk cache key holds the signature
-    with ei.Session(model, backend="auto", threads=1, cache=tmp_path) as again:
+    with ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=tmp_path)) as again:
         again.run(image(32, 48))
         assert again.auto_choice.cached and len(measured) == 2
 
 
 def test_example_feeds_decide_at_construction(model, tmp_path):
     feeds = image(40, 40)
-    with ei.Session(model, backend="auto", threads=1, cache=False, example_feeds=feeds) as session:
+    with ei.Session(model, backend="auto", threads=1, options=[ei.RunOptions(example_feeds=feeds), ei.AutoOptions(cache=False)]) as session:
         assert session.auto_choice is not None and not session.auto_choice.cached
         assert session.auto_choice.prepared is None  # the winner's runner is the plan's, nothing extra kept
         assert list(session.compiled_plans) == [Signature((("height", 40), ("width", 40)))]
@@ -121,7 +122,7 @@ def test_pipeline_plan_needs_real_shapes_for_symbolic_inputs(model):
 
 def test_plan_cache_is_bounded_and_closes_what_it_evicts():
     chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
-    with ei.Session(chain, executor="auto", plan_cache_size=2) as session:
+    with ei.Session(chain, executor="auto", options=ei.RunOptions(plan_cache_size=2)) as session:
         first = session.compiled_plan({"x": np.zeros((1, 32), np.float32)})
         parts = list(first.runner.parts)
         for batch in (1, 2, 3):
@@ -134,12 +135,12 @@ def test_plan_cache_is_bounded_and_closes_what_it_evicts():
 
 
 
-def test_a_repeated_signature_runs_its_plan_without_the_cache_and_never_a_closed_one():
+def test_a_repeated_signature_reuses_its_plan_and_never_runs_a_closed_one():
     chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
     reference = ei.Session(chain, backend="numpy")
     rng = np.random.default_rng(0)
     feeds = {batch: {"x": rng.standard_normal((batch, 32)).astype(np.float32)} for batch in (1, 2)}
-    with ei.Session(chain, executor="auto", plan_cache_size=1) as session:
+    with ei.Session(chain, executor="auto", options=ei.RunOptions(plan_cache_size=1)) as session:
         looked_up = []
         real = session.plan_cache.acquire
 
@@ -152,7 +153,7 @@ def test_a_repeated_signature_runs_its_plan_without_the_cache_and_never_a_closed
             assert_close(session.run(feeds[batch])["probs"], reference.run(feeds[batch])["probs"],
                          rtol=1e-5, atol=1e-6)
         one, two = Signature((("N", 1),)), Signature((("N", 2),))
-        assert looked_up == [one, two, one]  # a signature's first run (or first after eviction) only
+        assert looked_up == [one, one, one, two, two, one, one]  # each run holds its plan open through the cache
         assert session.plan_cache.evicted == [one, two] and session.plan_cache.built == 3
         recent = session.compiled_plans[one]
         session.compiled_plan(feeds[2])  # evicts (and closes) the plan N=1 runs on, outside run()
@@ -162,7 +163,7 @@ def test_a_repeated_signature_runs_its_plan_without_the_cache_and_never_a_closed
 
 def test_a_plan_in_use_is_closed_only_when_its_user_is_done():
     chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
-    with ei.Session(chain, executor="auto", plan_cache_size=1) as session:
+    with ei.Session(chain, executor="auto", options=ei.RunOptions(plan_cache_size=1)) as session:
         stream = session.stream([{"x": np.ones((1, 32), np.float32)}] * 4, stages=1, replicas=1)
         next(stream)  # the stream leases the N=1 plan
         in_use = session.compiled_plans[Signature((("N", 1),))]
@@ -174,7 +175,7 @@ def test_a_plan_in_use_is_closed_only_when_its_user_is_done():
 
 def test_buckets_group_values_into_one_signature():
     chain = ei.convert(zoo.mlp_symbolic_batch(seed=3))
-    with ei.Session(chain, executor="auto", buckets={"N": [4, 16]}) as session:
+    with ei.Session(chain, executor="auto", options=ei.RunOptions(buckets={"N": [4, 16]})) as session:
         for batch in (1, 3, 4, 9):
             assert session.run({"x": np.ones((batch, 32), np.float32)})["probs"].shape == (batch, 10)
         assert {str(s) for s in session.compiled_plans} == {"N=<=4", "N=<=16"}
@@ -208,7 +209,7 @@ def test_close_returns_resident_memory(options):
     assert weights >= 50 * 2**20
     gc.collect()
     before = process.memory_info().rss
-    session = ei.Session(model, threads=1, **options)
+    session = ei.Session(model, threads=1, **session_keywords(**options))
     session.run(feeds)
     list(session.stream([feeds] * 4, stages=1, replicas=2))
     session.close()
@@ -240,13 +241,18 @@ def test_a_part_that_fails_to_compile_moves_to_the_next_backend():
         assert_close(session.run(feeds)["y"], reference)
 
 
-def test_auto_drops_a_failing_candidate_with_its_reason(tmp_path):
+def test_an_auto_candidate_that_fails_to_compile_is_re_partitioned_and_says_so(tmp_path):
+    """auto's candidates compile through the same ``compile`` as a plan: the node onnxruntime
+    accepted but cannot compile moves to numpy, the candidate is timed, and the choice says why."""
     model = ei.convert(erf_on_double(), optimize=0)
     feeds = {"x": np.linspace(-1, 1, 6).reshape(2, 3)}
-    with ei.Session(model, backend="auto", threads=1, cache=False) as session:
+    with ei.Session(model, backend="auto", threads=1, options=ei.AutoOptions(cache=False)) as session:
         choice = session.auto_choice
-        assert "could not compile" in choice.skipped["onnxruntime,numpy"]
-        assert "onnxruntime,numpy" not in choice.median_ms and choice.median_ms
+        assert "onnxruntime,numpy" in choice.median_ms and "onnxruntime,numpy" not in choice.skipped
+        assert "moved off onnxruntime" in choice.repartitions["onnxruntime,numpy"][0]
+        assert "re-partitioned: 1 node(s) moved off onnxruntime (node 'b' (Erf))" in choice.describe()
+        if choice.backends == ["onnxruntime", "numpy"]:
+            assert "moved off onnxruntime" in session.compiled_plan(feeds).describe()
         assert_close(session.run(feeds)["y"], ei.Session(model).run(feeds)["y"])
 
 

@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import BackendError, EdgeInferError, RequestTimeoutError, SchedulerError
+from edgeinfer.runtime.compile import compile
 from edgeinfer.runtime.executors import SequentialExecutor, settle
-from edgeinfer.runtime.placement import compile_parts, make_plan
+from edgeinfer.runtime.placement import make_plan
 from edgeinfer.runtime.stream.planner import (
     best_time,
     cut_seconds,
@@ -117,13 +118,14 @@ class Stage:
 
     def replicate(self, count: int) -> None:
         """Compile copies until there is one per replica (an engine session per worker thread
-        avoids contention inside a shared one, e.g. onnxruntime's memory arena)."""
-        from edgeinfer.runtime.executors import CompiledPart
-
+        avoids contention inside a shared one, e.g. onnxruntime's memory arena): the first copy's
+        placement, on its backends, with its threads."""
         first = self.runner
+        backends = list({id(p.backend): p.backend for p in first.parts}.values())
+        threads = first.parts[0].options.threads if first.parts else None
+        pinned = dict(enumerate(self.backends))
         while len(self.runners) < count:
-            parts = [CompiledPart(p.part, p.backend, p.options) for p in first.parts]
-            self.runners.append(SequentialExecutor(first.graph, parts))
+            self.runners.append(compile(first.graph, backends, threads=threads, pinned=pinned, busy_wait=False)[1])
 
     def close(self) -> None:
         for runner in self.runners:
@@ -212,8 +214,7 @@ def _build_stages(compiled: CompiledPlan, ranges: Sequence[tuple[int, int]], thr
             pinned = {i: placed[start + i] for i in range(end - start)}
             runners = []
             if compile_stages:
-                plan = make_plan(sub, backends, pinned=pinned)
-                runners.append(SequentialExecutor(sub, compile_parts(plan, backends, threads=threads, busy_wait=False)))
+                runners.append(compile(sub, backends, threads=threads, pinned=pinned, busy_wait=False)[1])
             stages.append(Stage(range(start, end), runners, keep, sub, [placed[i] for i in range(start, end)]))
     except BaseException:
         for stage in stages:
@@ -287,7 +288,8 @@ def replica_plan(compiled: CompiledPlan, *, workers: int | None = None) -> Stage
     the first requests warm the copy."""
     graph = compiled.graph
     count = _workers(compiled, workers)
-    runner = SequentialExecutor(graph, compile_parts(compiled.plan, compiled.backends, threads=1, busy_wait=False))
+    _, runner = compile(graph, compiled.backends, threads=1, pinned=dict(enumerate(compiled.plan.assignment.backends)),
+                        busy_wait=False)
     return StagePlan([_whole_graph(compiled, runner)], [count], [0.0], 1, graph.output_names, kind="default")
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from edgeinfer.backend import Backend, CompileOptions
 from edgeinfer.ir import Graph, dtypes
+from edgeinfer.runtime.parts import close_executable, engine_compile
 
 HANDOFF_SECONDS = 50e-6  # a queue hand-off between two threads, measured order of magnitude
 HOST = "cpu"
@@ -42,10 +43,13 @@ def profile_nodes(graph: Graph, placed: Sequence[str], backends: Mapping[str, Ba
     options = CompileOptions(threads=1)
     for node, name in zip(graph.nodes, placed):
         sub = graph.subgraph([node], name=f"profile_{node.name or node.outputs[0]}")
-        executable = backends[name].compile(sub, options)
+        executable = engine_compile(backends[name], sub, options)
         node_feeds = {n: env[n] for n in sub.input_names}
-        outputs = executable.run(node_feeds)  # warm-up, and the values the next nodes read
-        costs.append(best_time(lambda e=executable, f=node_feeds: e.run(f), repeats))
+        try:
+            outputs = executable.run(node_feeds)  # warm-up, and the values the next nodes read
+            costs.append(best_time(lambda e=executable, f=node_feeds: e.run(f), repeats))
+        finally:
+            close_executable(executable)
         env.update(outputs)
     return costs, env
 

@@ -54,8 +54,8 @@ class StageWorker:
     def __init__(self, eim: bytes, placement: list[str], backend_options: dict[str, dict], device: str,
                  fallback: bool, threads: int, keep: list[str]):
         from edgeinfer.api import load
-        from edgeinfer.runtime.executors import SequentialExecutor
-        from edgeinfer.runtime.placement import compile_parts, make_backends, make_plan
+        from edgeinfer.runtime.compile import compile
+        from edgeinfer.runtime.placement import make_backends
 
         self._folder = tempfile.TemporaryDirectory(prefix="edgeinfer-stage-")
         path = Path(self._folder.name) / "stage.eim"
@@ -64,9 +64,7 @@ class StageWorker:
         names = list(dict.fromkeys([*placement, "numpy"]))
         backends = make_backends(names, device=device, fallback=fallback,
                                  options={k: v for k, v in backend_options.items() if k in names})
-        plan = make_plan(graph, backends, pinned=dict(enumerate(placement)))
-        parts = compile_parts(plan, backends, threads=threads, busy_wait=False)
-        self.runner = SequentialExecutor(graph, parts)
+        _, self.runner = compile(graph, backends, threads=threads, pinned=dict(enumerate(placement)), busy_wait=False)
         self.keep = frozenset(keep)
         self.inputs = graph.input_names
 
@@ -77,18 +75,6 @@ class StageWorker:
 
     def pid(self) -> int:
         return os.getpid()
-
-
-def ray_settings(address: str | None, stage_resources: Any, ray_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The keyword arguments of ``RayPipeline`` from a Session's Ray options, checked."""
-    options = dict(ray_options or {})
-    allowed = ("transfer_bytes_per_second", "max_restarts", "ray_init")
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise BackendError(f"ray_options: unknown key(s) {unknown}; expected some of {list(allowed)}")
-    if address is not None and not isinstance(address, str):
-        raise BackendError(f"address: expected None (a local Ray instance) or 'ray://host:port', got {address!r}")
-    return {"address": address, "stage_resources": stage_resources, **options}
 
 
 def _resources(stage_resources: Any, count: int, threads: int) -> list[dict[str, Any]]:

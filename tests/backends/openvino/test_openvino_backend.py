@@ -118,7 +118,7 @@ def test_int8_qdq_model_runs_integer_kernels_and_agrees_with_exact_math():
     int8 = ei.quantize(fp32, [zoo.example_inputs(proto, seed=seed) for seed in range(8)])
     assert int8.graph.op_histogram()["QuantizeLinear"] > 0
     feeds = zoo.example_inputs(proto, seed=100, batch=8)
-    session = ei.Session(int8, backend="openvino", debug=True)
+    session = ei.Session(int8, backend="openvino", options=ei.RunOptions(debug=True))
     got = session.run(feeds)["logits"]
     reference = ei.Session(int8, backend="numpy").run(feeds)["logits"]
     float_result = ort_direct(proto, feeds)["logits"]
@@ -404,11 +404,12 @@ def test_large_weights_are_handed_over_by_address_not_serialized():
 
 def test_debug_mode_reports_a_per_node_profile():
     proto = zoo.mlp_symbolic_batch()
-    session = ei.Session(ei.convert(proto, optimize=0), backend="openvino", debug=True)
+    session = ei.Session(ei.convert(proto, optimize=0), backend="openvino",
+                         options=ei.RunOptions(debug=True))
     session.run(zoo.example_inputs(proto))
     profile = session.stats()["profile"]
     assert profile and all(row["ms"] >= 0 and row["node"] for row in profile)
-    plain = ei.Session(ei.convert(proto, optimize=0), backend="openvino", debug=False)
+    plain = ei.Session(ei.convert(proto, optimize=0), backend="openvino", options=ei.RunOptions(debug=False))
     plain.run(zoo.example_inputs(proto))
     assert "profile" not in plain.stats()
 

@@ -26,14 +26,29 @@ def cnn():
     return ei.convert(onnx_model), zoo.example_inputs(onnx_model, seed=5)
 
 
-def test_installed_and_not_thread_safe(cnn):
+def test_installed_and_thread_safe_through_an_interpreter_per_concurrent_call(cnn):
+    """An interpreter runs one invocation at a time; the executable lends each concurrent call
+    its own (made from the same flatbuffer when all are busy), so threads may share it."""
+    from concurrent.futures import ThreadPoolExecutor
+
     assert "tflite" in installed_backends()
     backend = get_backend("tflite")
     assert backend.name == "tflite" and backend.device == "cpu"
-    executable = backend.compile(cnn[0].graph, CompileOptions(threads=2))
-    assert executable.thread_safe is False
-    assert executable.thread_affine is False  # on the CPU any thread may invoke it, one at a time
+    model, feeds = cnn
+    executable = backend.compile(model.graph, CompileOptions(threads=2))
+    assert executable.thread_safe is True
     assert executable.stats()["num_threads"] == 2
+    rng = np.random.default_rng(0)
+    requests = [{name: rng.standard_normal(value.shape).astype(value.dtype) for name, value in feeds.items()}
+                for _ in range(16)]
+    expected = [executable.run(r)["logits"] for r in requests]
+    assert executable.stats()["interpreters"] == 1  # one at a time: one interpreter
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda r: executable.run(r)["logits"], requests * 4))
+    for index, value in enumerate(got):
+        np.testing.assert_array_equal(value, expected[index % len(requests)])
+    assert 1 <= executable.stats()["interpreters"] <= 4
+    executable.close()
 
 
 def test_an_interpreter_moves_between_threads_and_streams_reuse_it(cnn):
@@ -50,16 +65,17 @@ def test_an_interpreter_moves_between_threads_and_streams_reuse_it(cnn):
         outs = list(session.stream([feeds] * 4, stages=1, replicas=2))
         parts = [p for stage in session.pipeline_plan(feeds, stages=1, replicas=2).stages
                  for runner in stage.runners for p in runner.parts]
-        compiled = sum(p.compiled for p in parts)
+        made = sum(p.first.stats()["interpreters"] for p in parts)
         outs += list(session.stream([feeds] * 4, stages=1, replicas=2))
-        assert sum(p.compiled for p in parts) == compiled
+        assert sum(p.first.stats()["interpreters"] for p in parts) == made
+        assert sum(p.compiled for p in parts) == len(parts)  # one compile (one export) each
         moved: list[np.ndarray] = []
         worker = threading.Thread(target=lambda: moved.append(session.executable.run(feeds)["logits"]))
         worker.start()
         worker.join()
         first = session.executable  # close() closes it: look at it while the session is open
-        delegated = TFLiteExecutable(model.graph, first.interpreter, first.flatbuffer, {"delegate": "libgpu.so"})
-        assert delegated.thread_affine is True
+        delegated = TFLiteExecutable(model.graph, first._one, first.flatbuffer, {"delegate": "libgpu.so"})
+        assert delegated.thread_affine is True and delegated.thread_safe is False
     for got in [o["logits"] for o in outs] + moved:
         assert_close(got, expected, rtol=1e-4, atol=1e-5)
 

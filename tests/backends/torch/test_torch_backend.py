@@ -79,7 +79,7 @@ def test_missing_device_is_a_clear_error_or_a_logged_fallback(cnn, device, caplo
     with pytest.raises(BackendError, match=r"not available.*available: \['cpu'.*fallback=True"):
         ei.Session(model, backend="torch", device=device)
     with caplog.at_level(logging.WARNING):
-        session = ei.Session(model, backend="torch", device=device, fallback=True)
+        session = ei.Session(model, backend="torch", device=device, options=ei.RunOptions(fallback=True))
     assert "running on the CPU" in caplog.text
     assert session.backends[0].device == "cpu"
     assert_close(session.run(feeds)["logits"], ei.Session(model, backend="numpy").run(feeds)["logits"])

@@ -12,8 +12,8 @@ import pytest
 import edgeinfer as ei
 from devkit.testing import assert_close
 from edgeinfer.converters import tflite
-from edgeinfer.format.tflite import schema
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.format.tflite import schema
 
 X = np.array([[1.0, 2.0, -3.0, 4.0]], np.float32)
 C = np.array([0.5, -1.0, 2.0, -3.0], np.float32)

@@ -1,0 +1,149 @@
+"""What a ``Session`` is asked beyond its common keywords, grouped by what uses it.
+
+    Session(model, "auto", threads=2,
+            options=[RunOptions(example_feeds=feeds), AutoOptions(cache=False),
+                     StreamOptions(stages=2, replicas=1)])
+
+- ``RunOptions``: every session (device fallback, debug, engine options per backend, the feeds
+  and shape buckets plans are decided for, how many signatures stay compiled).
+- ``AutoOptions``: ``backend="auto"`` (its disk cache).
+- ``StreamOptions``: ``Session.stream`` (the default pipeline shape, the planner's budget).
+- ``RayOptions``: ``executor="ray"`` (where Ray runs, each stage actor's resources, transfers).
+
+The keywords these replace (``Session(..., fallback=True, stages=2, ...)``) still work: they
+are mapped here, in ``from_keywords``, with one ``DeprecationWarning`` per call naming the option
+object that takes each of them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from edgeinfer.errors import BackendError
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    fallback: bool = False  # run on the CPU, with a warning, where the device is missing
+    debug: bool | None = None  # per-node timing and shapes (None: $EDGEINFER_DEBUG)
+    backend_options: Mapping[str, Mapping[str, Any]] | None = None  # engine options per backend name
+    example_feeds: Mapping[str, Any] | None = None  # feeds measured decisions are made on
+    buckets: Mapping[str, Sequence[int]] | None = None  # symbolic dim -> values grouped in one signature
+    plan_cache_size: int = 8  # signatures kept compiled (least recently used closed first)
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    cache: str | os.PathLike | bool | None = None  # the choice's disk cache folder (False: off)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    stages: int | str | None = "auto"  # pipeline stages (or "auto": the planner decides)
+    replicas: int | Sequence[int] | str | None = "auto"  # workers per stage
+    plan_budget: float | None = None  # seconds the stage planner may spend on candidates
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    address: str | None = None  # None: a local Ray instance; "ray://host:port" or "auto"
+    stage_resources: Any = None  # one dict of actor resources for every stage, or one per stage
+    transfer_bytes_per_second: float | None = None
+    max_restarts: int | None = None
+    ray_init: Mapping[str, Any] | None = None  # keywords for ray.init when edgeinfer starts Ray
+
+    def settings(self) -> dict[str, Any]:
+        """The keyword arguments of ``RayPipeline``, checked."""
+        if self.address is not None and not isinstance(self.address, str):
+            raise BackendError(f"address: expected None (a local Ray instance) or 'ray://host:port', "
+                               f"got {self.address!r}")
+        extra = {f.name: getattr(self, f.name) for f in fields(self)[2:] if getattr(self, f.name) is not None}
+        return {"address": self.address, "stage_resources": self.stage_resources, **extra}
+
+
+OPTION_TYPES = (RunOptions, AutoOptions, StreamOptions, RayOptions)
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of each option group (the defaults where a caller gave none)."""
+
+    run: RunOptions = field(default_factory=RunOptions)
+    auto: AutoOptions = field(default_factory=AutoOptions)
+    stream: StreamOptions = field(default_factory=StreamOptions)
+    ray: RayOptions = field(default_factory=RayOptions)
+
+
+_SLOTS = {RunOptions: "run", AutoOptions: "auto", StreamOptions: "stream", RayOptions: "ray"}
+# each deprecated Session keyword -> the option group that takes it now
+_KEYWORDS = {f.name: cls for cls in (RunOptions, AutoOptions, StreamOptions) for f in fields(cls)}
+_KEYWORDS.update(address=RayOptions, stage_resources=RayOptions, ray_options=RayOptions)
+
+
+def gather(options: Any) -> Options:
+    """``Session(options=...)``: None, one option object, a list of them, or ``Options``."""
+    if options is None:
+        return Options()
+    if isinstance(options, Options):
+        return options
+    given = [options] if isinstance(options, OPTION_TYPES) else options
+    if not isinstance(given, (list, tuple)) or not all(isinstance(o, OPTION_TYPES) for o in given):
+        raise BackendError(f"options: expected one of {[t.__name__ for t in OPTION_TYPES]}, a list of them "
+                           f"or Options, got {options!r}")
+    slots: dict[str, Any] = {}
+    for option in given:
+        slot = _SLOTS[type(option)]
+        if slot in slots:
+            raise BackendError(f"options: {type(option).__name__} given twice")
+        slots[slot] = option
+    return Options(**slots)
+
+
+def from_keywords(options: Options, keywords: dict[str, Any]) -> tuple[Options, dict[str, Any]]:
+    """Take the deprecated Session keywords out of ``keywords`` (the rest are engine options)
+    into ``options``; warn once, naming where each of them goes now."""
+    old = {name: keywords.pop(name) for name in list(keywords) if name in _KEYWORDS}
+    if not old:
+        return options, keywords
+    groups: dict[str, list[str]] = {}
+    for name in old:
+        groups.setdefault(_KEYWORDS[name].__name__, []).append(name)
+    hint = ", ".join(f"{cls}({', '.join(f'{k}=...' for k in names)})" for cls, names in groups.items())
+    warnings.warn(f"Session keyword(s) {sorted(old)} are deprecated: pass options=[{hint}] "
+                  "(edgeinfer.runtime.options)", DeprecationWarning, stacklevel=3)
+    return _mapped(options, old)[0], keywords
+
+
+def session_keywords(**keywords: Any) -> dict[str, Any]:
+    """``Session``'s keywords from flat settings (what a command line or a config file holds:
+    ``fallback=``, ``cache=``, ``stages=`` beside ``backend=``, ``threads=``...): the option
+    groups become ``options=``; the rest are passed as they are."""
+    old = {name: keywords.pop(name) for name in list(keywords) if name in _KEYWORDS}
+    options, _ = _mapped(gather(keywords.pop("options", None)), old)
+    return {**keywords, "options": options}
+
+
+def _mapped(options: Options, old: Mapping[str, Any]) -> tuple[Options, dict[str, dict[str, Any]]]:
+    """``options`` with the flat keywords ``old`` set in their groups; also what went where
+    (``ray_options={...}`` is checked and spread into ``RayOptions``)."""
+    moved: dict[str, dict[str, Any]] = {}
+    for name, value in old.items():
+        cls = _KEYWORDS[name]
+        if name == "ray_options":
+            value = dict(value or {})
+            allowed = [f.name for f in fields(RayOptions)[2:]]
+            unknown = sorted(set(value) - set(allowed))
+            if unknown:
+                raise BackendError(f"ray_options: unknown key(s) {unknown}; expected some of {allowed}")
+            moved.setdefault(cls.__name__, {}).update(value)
+        else:
+            moved.setdefault(cls.__name__, {})[name] = value
+    by_name = {cls.__name__: cls for cls in OPTION_TYPES}
+    for cls_name, values in moved.items():
+        slot = _SLOTS[by_name[cls_name]]
+        options = replace(options, **{slot: replace(getattr(options, slot), **values)})
+    return options, moved
