@@ -78,7 +78,8 @@ from devkit import zoo  # noqa: E402
 from edgeinfer.backend import get_backend  # noqa: E402
 from edgeinfer.backends.torch.backend import link_bytes_per_second  # noqa: E402
 from edgeinfer.runtime.compile import compile  # noqa: E402
-from edgeinfer.runtime.stream.pipeline import Pipeline, Stage, StagePlan  # noqa: E402
+from edgeinfer.runtime.stream.pipeline import Pipeline  # noqa: E402
+from edgeinfer.runtime.stream.stages import Stage, StagePlan  # noqa: E402
 
 
 # -- the same networks, written directly in torch -----------------------------------------------

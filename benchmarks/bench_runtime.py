@@ -205,7 +205,7 @@ def overhead_of(label: str, model: Any, source: Any, feeds: dict[str, Any], thre
     with ei.Session(model, backend="onnxruntime", threads=threads) as session:
         session.run(feeds)  # its first run proves the plan (then run goes straight to the engine)
         executable = session.executable  # the compiled engine alone: what the runtime's layers add
-        checked = session._check_feeds(feeds)
+        checked = session.check_feeds(feeds)
         us = per_call_us({"raw onnxruntime": lambda: raw(feeds), "Session.run": lambda: session.run(feeds),
                           "its executable.run": lambda: executable.run(checked)}, block=block, rounds=rounds)
     row: dict[str, Any] = {"model": label, "threads": threads}

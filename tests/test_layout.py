@@ -93,3 +93,39 @@ def test_the_runtime_is_one_package_without_import_cycles():
                     seen.add(nxt)
                     stack.append((nxt, path + [nxt]))
     assert not cycles, f"import cycles in edgeinfer/runtime: {cycles[:3]}"
+
+
+def test_the_runtime_stays_small_enough_to_read():
+    """No file in ``edgeinfer/runtime`` over 400 lines, no function over 80, and
+    ``Session.__init__`` takes at most 8 parameters (the rest are option objects)."""
+    long_files, long_functions = {}, {}
+    for path in (ROOT / "edgeinfer" / "runtime").rglob("*.py"):
+        text = path.read_text()
+        name = str(path.relative_to(ROOT))
+        if text.count("\n") > 400:
+            long_files[name] = text.count("\n")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                long_functions[f"{name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long_files and not long_functions, (long_files, long_functions)
+    import inspect
+
+    from edgeinfer.runtime.session import Session
+
+    assert len(inspect.signature(Session.__init__).parameters) - 1 <= 8  # past self: model, backend, threads, ...; **engine_options
+
+
+def test_only_one_function_of_the_library_calls_backend_compile():
+    """``Backend.compile`` is called in ``runtime.parts.engine_compile`` (and by constant folding,
+    which runs single nodes on the numpy reference), nowhere else in the library."""
+    callers = []
+    for path in library_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "compile" \
+                        and "backend" in ast.unparse(call.func.value).lower():
+                    callers.append(f"{path.relative_to(ROOT)}:{node.name}")
+    assert sorted(set(callers)) == ["edgeinfer/passes/fold_constants.py:_evaluate",
+                                    "edgeinfer/runtime/parts.py:engine_compile"], callers

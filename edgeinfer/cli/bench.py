@@ -518,10 +518,10 @@ def _op_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile | 
 def _part_profile(session: Any, feeds: Mapping[str, Any], runs: int) -> Profile:
     """Each part's executable timed on the values the parts before it produced."""
     # Session keeps its compiled parts on its runner; timing them there compiles nothing again.
-    compiled = session._runner.parts
+    compiled = session.compiled_plan(feeds).runner.parts
     samples: dict[str, list[float]] = {}
     backends: dict[str, str] = {}
-    checked = session._check_feeds(feeds)
+    checked = session.check_feeds(feeds)
     for _ in range(runs):
         env = dict(checked)
         for index, part in enumerate(compiled):

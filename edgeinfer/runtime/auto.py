@@ -5,7 +5,7 @@ in the default priority order when several are installed, and numpy alone; where
 a GPU, torch on it alone and beside a CPU engine (``auto_gpu``). Each candidate is
 partitioned and compiled, then timed on feeds of one shape signature (the model's own shapes
 when they are static, else the caller's ``example_feeds`` or the first real request of that
-signature: never guessed dims) in interleaved blocks (``edgeinfer.timing.time_engines``), so machine noise hits
+signature: never guessed dims) in interleaved blocks (``runtime.measure.race``), so machine noise hits
 them alike and no engine is timed beside another's spinning threads; the lowest median wins (the native engine excepted, below). A candidate more than 3x slower than the best after a
 first short round is dropped early (numpy on a big convolutional net; never the native engine, below).
 
@@ -34,9 +34,7 @@ import json
 import logging
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -47,7 +45,7 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.model import Model
 from edgeinfer.runtime.auto_gpu import accelerator, accelerator_candidates
-from edgeinfer.timing import time_engines
+from edgeinfer.runtime.measure import race
 
 log = logging.getLogger("edgeinfer.runtime.auto")
 progress = logging.getLogger("edgeinfer.runtime.auto.progress")  # one INFO line per step (edgeinfer run shows them)
@@ -57,7 +55,6 @@ _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu",
 _TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
 _DROP_FACTOR = 3.0
 _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
-_WARM_S = 0.2  # untimed calls per candidate before timing, at most (a big model stops at one)
 # another candidate must be this much faster than the native engine on the whole graph. 5% was
 # within the noise of 2 threads on 2 shared cores: in a full bench_real run auto took OpenVINO
 # over LiteRT on MediaPipe hand_landmark_full, then ran 1.06x (fastest calls 1.15x) the original
@@ -248,33 +245,20 @@ def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
         log.warning("auto backend cache %s could not be written: %s", path, exc)
 
 
-def _warm(run: Callable[[], Any], calls: int = 20, seconds: float = _WARM_S) -> None:
-    """Untimed calls until ``calls`` are done or ``seconds`` have passed (at least one)."""
-    deadline = time.perf_counter() + seconds
-    for _ in range(calls):
-        run()
-        if time.perf_counter() >= deadline:
-            return
-
-
-def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
-            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None) -> AutoChoice:
-    """Compile every candidate priority list (and ``native``'s, the engine of the model's source
-    format, first), time them interleaved on ``feeds``, return the winner by ``decide`` (with its
-    compiled runner in ``prepared``: the caller owns and closes it)."""
+def _compile_candidates(model: Model, lists: list[list[str]], feeds: dict[str, Any], *, threads: int | None,
+                        device: str, fallback: bool, options: Mapping[str, Mapping[str, Any]],
+                        native: str | None) -> tuple[dict[str, Any], dict[str, Any], str | None, str]:
+    """Compile and run once every candidate (``lists[0]`` the native one where ``native``).
+    Returns (label -> (names, backends, plan, runner), skipped: label -> why, the native
+    candidate's label if it takes the whole graph, the note on the native engine)."""
     from edgeinfer.runtime.compile import compile
     from edgeinfer.runtime.placement import make_backends, make_plan
 
-    feeds = dict(feeds)
-    lists = _native_first(lists, native)
     native_label = ",".join(lists[0]) if native is not None else None
     native_note = ""
-    runners: dict[str, Any] = {}
+    ready: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    label_of: dict[str, list[str]] = {}
-    built: dict[str, tuple[Any, Any]] = {}
     placements: dict[tuple, str] = {}
-    moved: dict[str, list[str]] = {}
     for index, names in enumerate(lists, 1):
         label = ",".join(names)
         progress.info("candidate %d/%d: %s (compile, warm-up)", index, len(lists), label)
@@ -296,52 +280,56 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
             placements[placement] = label
             notes: list[str] = []
             plan, runner = compile(model.graph, backends, threads=threads, notes=notes)  # re-partitioned if a part fails
-            if notes:
-                moved[label] = notes
             runner.run(feeds)  # warm-up; also proves the candidate runs
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot compile or run is dropped
             if runner is not None:
                 runner.close()
             skipped[label] = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:300]
             continue
-        runners[label], label_of[label], built[label] = runner, names, (backends, plan)
-    if native_label is not None and native_label not in runners:
+        ready[label] = (names, backends, plan, runner, notes)
+    if native_label is not None and native_label not in ready:
         native_note = f"{native} could not run the model: {skipped.get(native_label, '')}"
         native_label = None
+    return ready, skipped, native_label, native_note
+
+
+def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
+            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None) -> AutoChoice:
+    """Compile every candidate priority list (and ``native``'s, the engine of the model's source
+    format, first), race them on ``feeds`` (``measure.race``: a candidate over ``_DROP_FACTOR``
+    times the best after a first short round is dropped, never the native one), return the
+    winner by ``decide`` (with its compiled runner in ``prepared``: the caller owns and closes it)."""
+    feeds = dict(feeds)
+    ready, skipped, native_label, native_note = _compile_candidates(
+        model, _native_first(lists, native), feeds, threads=threads, device=device, fallback=fallback,
+        options=options, native=native)
     if native_label is not None:
         progress.info("native engine %s takes the whole graph: kept unless another is over %.0f%% faster",
                       native, NATIVE_MARGIN * 100)
-    if not runners:
+    if not ready:
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
-    for runner in runners.values():  # a fresh engine is slower for its first calls (allocation, JIT kernels)
-        _warm(lambda r=runner: r.run(feeds))
-    first = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=5, warmup=2)
-    best = min(statistics.median(t) for t in first.values())
-    for label, times in first.items():  # the native engine is never dropped on a first short round's noise
-        if statistics.median(times) > _DROP_FACTOR * best and len(runners) > 1 and label != native_label:
-            skipped[label] = f"{statistics.median(times) * 1000:.2f} ms in the first rounds, over " \
-                             f"{_DROP_FACTOR}x the best"
-            runners.pop(label).close()
-    progress.info("timing %s", ", ".join(f"{label} ({statistics.median(first[label]) * 1000:.3g} ms in the first rounds)"
-                                    for label in runners))
-    per_call = sum(statistics.median(first[label]) for label in runners)
-    calls = int(max(10, min(60, _TIME_BUDGET_S / max(per_call, 1e-6))))
-    times = time_engines({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, calls=calls)
-    pair = _decisive_pair({label: statistics.median(t) for label, t in times.items()}, native_label)
-    if pair is not None:
-        # near the bar between the two that decide: time them again, so noise does not decide
-        again = time_engines({label: (lambda r=runners[label]: r.run(feeds)) for label in pair}, calls=calls)
-        for label, samples in again.items():
-            times[label].extend(samples)
-    medians = {label: statistics.median(t) * 1000 for label, t in times.items()}
+    runners = {label: entry[3] for label, entry in ready.items()}
+    try:
+        timed = race({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, drop_factor=_DROP_FACTOR,
+                     protected=native_label, budget_s=_TIME_BUDGET_S,
+                     again=lambda medians: _decisive_pair(medians, native_label))
+    except BaseException:
+        for runner in runners.values():
+            runner.close()
+        raise
+    skipped.update(timed.dropped)
+    medians = timed.medians_ms()
+    progress.info("timed %s", ", ".join(f"{label} ({ms:.3g} ms)" for label, ms in sorted(medians.items(),
+                                                                                        key=lambda item: item[1])))
     winner, reason = decide(medians, native_label)
     for label, runner in runners.items():
         if label != winner:
             runner.close()
     log.info("backend='auto' timings (median ms): %s -> %s (%s)", medians, winner, reason)
-    return AutoChoice(label_of[winner], median_ms=medians, skipped=skipped, native=native_label,
-                      native_note=native_note, reason=reason, repartitions=moved,
-                      prepared=(*built[winner], runners[winner]))
+    names, backends, plan, runner, _ = ready[winner]
+    return AutoChoice(names, median_ms=medians, skipped=skipped, native=native_label, native_note=native_note,
+                      reason=reason, repartitions={label: e[4] for label, e in ready.items() if e[4]},
+                      prepared=(backends, plan, runner))
 
 
 def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, threads: int | None,
@@ -368,9 +356,8 @@ def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, t
         return "sequential", *built["sequential"], {}
     feeds = dict(feeds)
     progress.info("executor: timing sequential and dag")
-    times = time_engines({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
-                         calls=rounds, warmup=2)
-    medians = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    medians = race({name: (lambda r=runner: r.run(feeds)) for name, (_, runner) in built.items()},
+                   calls=rounds).medians_ms()
     winner = min(medians, key=medians.get)
     for name, (_, runner) in built.items():
         if name != winner:

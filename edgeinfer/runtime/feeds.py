@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,9 @@ def check_buckets(buckets: Mapping[str, Sequence[int]] | None) -> dict[str, list
             raise InputError(f"buckets: expected symbol name -> list of positive ints, got {name!r}: {edges!r}")
         checked[name] = sorted(edges)
     return checked
+
+
+_shape = attrgetter("shape")
 
 
 def _bucket(value: int, edges: list[int]) -> int | str:
@@ -92,7 +96,7 @@ class FeedChecker:
         if not self._symbolic:
             return STATIC
         try:
-            key = tuple(checked[name].shape for name in self._symbolic_inputs)
+            key = tuple(map(_shape, map(checked.__getitem__, self._symbolic_inputs)))
         except AttributeError:  # a container input: no memo
             return self._signature(checked)
         found = self._signatures.get(key)
@@ -222,3 +226,14 @@ def _check_shape(name: str, expected: tuple, got: tuple, bound: dict[str, tuple[
             if previous[0] != have:
                 raise InputError(f"input {name!r}: dim {axis} is symbol {want!r} = {have}, but input "
                                  f"{previous[1]!r} bound {want!r} = {previous[0]}")
+
+
+def select_outputs(results: dict[str, Any], outputs: Sequence[str] | None) -> dict[str, Any]:
+    """``results`` restricted to ``outputs``, in that order (None: all of them)."""
+    if outputs is None:
+        return results
+    try:
+        return dict(zip(outputs, map(results.__getitem__, outputs)))
+    except (KeyError, TypeError):
+        unknown = [o for o in outputs if o not in results]
+        raise InputError(f"unknown output(s) {unknown}: expected some of {list(results)}") from None

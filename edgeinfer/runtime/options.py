@@ -47,6 +47,25 @@ class StreamOptions:
     replicas: int | Sequence[int] | str | None = "auto"  # workers per stage
     plan_budget: float | None = None  # seconds the stage planner may spend on candidates
 
+    def __post_init__(self) -> None:
+        check_choice(self.stages, self.replicas)
+        budget = self.plan_budget
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+            raise BackendError(f"plan_budget {budget!r}: expected a positive number of seconds")
+
+
+def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str | None) -> None:
+    if not (stages in (None, "auto") or (isinstance(stages, int) and stages >= 1)):
+        raise BackendError(f"stages {stages!r}: expected a positive integer or 'auto'")
+    if replicas in (None, "auto") or (isinstance(replicas, int) and replicas >= 1):
+        return
+    if isinstance(replicas, Sequence) and not isinstance(replicas, str) and \
+            all(isinstance(r, int) and r >= 1 for r in replicas):
+        if isinstance(stages, int) and len(replicas) != stages:
+            raise BackendError(f"replicas {list(replicas)}: expected one count per stage ({stages})")
+        return
+    raise BackendError(f"replicas {replicas!r}: expected a positive integer, a list of them, or 'auto'")
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -147,3 +166,16 @@ def _mapped(options: Options, old: Mapping[str, Any]) -> tuple[Options, dict[str
         slot = _SLOTS[by_name[cls_name]]
         options = replace(options, **{slot: replace(getattr(options, slot), **values)})
     return options, moved
+
+
+def engine_options(backend: Any, per_backend: Mapping[str, Mapping[str, Any]] | None,
+                   keywords: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Engine options by backend name: ``RunOptions.backend_options``, plus the Session's extra
+    keywords for a single backend."""
+    options = {name: dict(values) for name, values in (per_backend or {}).items()}
+    if keywords:
+        if not isinstance(backend, str) or backend == "auto":
+            raise BackendError(f"engine options {sorted(keywords)} need a single backend; with "
+                               f"{backend!r} give options=RunOptions(backend_options={{name: {{...}}}})")
+        options[backend] = {**options.get(backend, {}), **keywords}
+    return options

@@ -116,8 +116,8 @@ class PlanCache:
         with self._lock:
             return self._entries.get(key)
 
-    def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
-        """The entry for ``key``, built by ``build()`` the first time (once, whoever asks)."""
+    def get(self, key: Hashable, build: Callable[..., Any], *args: Any) -> Any:
+        """The entry for ``key``, built by ``build(*args)`` the first time (once, whoever asks)."""
         while True:
             with self._lock:
                 if self._closed:
@@ -131,7 +131,7 @@ class PlanCache:
                     break
             pending.wait()  # another thread builds it; then look again (it may have failed)
         try:
-            value = build()
+            value = build(*args)
         except BaseException:
             with self._lock:
                 del self._building[key]
@@ -156,10 +156,15 @@ class PlanCache:
             raise SchedulerError("plan cache closed while a plan was being built")
         return value
 
-    def acquire(self, key: Hashable, build: Callable[[], Any]) -> Any:
+    def acquire(self, key: Hashable, build: Callable[..., Any], *args: Any) -> Any:
         """The entry for ``key``, acquired: the caller must ``release()`` it when done."""
         while True:
-            value = self.get(key, build)
+            with self._lock:  # a hit (the steady case) takes no further call
+                value = self._entries.get(key)
+                if value is not None:
+                    self._entries.move_to_end(key)
+            if value is None:
+                value = self.get(key, build, *args)
             try:
                 value.acquire()
             except SchedulerError:  # evicted and closed between get and acquire: build again
@@ -169,9 +174,9 @@ class PlanCache:
             return value
 
     @contextmanager
-    def lease(self, key: Hashable, build: Callable[[], Any]):
-        """``with cache.lease(key, build) as value``: the entry, kept open while in use."""
-        value = self.acquire(key, build)
+    def lease(self, key: Hashable, build: Callable[..., Any], *args: Any):
+        """``with cache.lease(key, build, *args) as value``: the entry, kept open while in use."""
+        value = self.acquire(key, build, *args)
         try:
             yield value
         finally:

@@ -8,12 +8,9 @@ closes every plan, part, replica and stage plan.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import threading
-import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -25,37 +22,33 @@ from edgeinfer.backend import Executable, check_device
 from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.model import Model, TensorInfo
 from edgeinfer.runtime.executors import DagExecutor
-from edgeinfer.runtime.feeds import FeedChecker, Signature
-from edgeinfer.runtime.options import RayOptions, from_keywords, gather
+from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
+from edgeinfer.runtime.options import check_choice, from_keywords, gather
+from edgeinfer.runtime.options import engine_options as merged_engine_options
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
 
 log = logging.getLogger("edgeinfer.runtime.session")
-JOIN_DETACHED_S = 60.0  # how long close() waits for a worker a timeout detached
 
 
 class Session:
     """A model compiled for this device, ready to serve requests.
 
-    ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``), a list in
-    priority order (each node goes to the first that can run it; numpy runs the rest), or
-    ``"auto"`` (time the candidate placements here and keep the fastest; the choice is cached
-    per shape signature). A ``Backend`` object may stand in a list for a name (an engine of your own).
-    ``threads``: the CPU threads the session may use. ``device``: ``"cpu"``, ``"gpu"`` or
-    ``"npu"`` (``fallback=True`` runs on the CPU when the device is missing, with a warning).
-    ``executor``: ``"sequential"``, ``"dag"`` (independent branches at once), ``"auto"`` (time
-    both here, keep the faster: cutting at forks helps some engines and costs others) or ``"ray"`` (each
-    pipeline stage a Ray actor; ``address=None`` starts a local Ray instance, or give
-    ``"ray://host:port"`` / ``"auto"``; ``stage_resources`` is one dict of Ray actor resources
-    (``num_cpus``, ``num_gpus``, ``resources={"npu": 1}``) for every stage or a list of them;
-    ``ray_options`` takes ``transfer_bytes_per_second``, ``max_restarts`` and ``ray_init``).
-    ``stages`` / ``replicas``: the pipeline shape ``stream`` uses by default (and Ray always).
-    Engine options go to a single backend as keywords, or as ``backend_options={name: {...}}``.
+    ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``, ``"torch"``),
+    a list in priority order (each node goes to the first that takes it; numpy runs the rest;
+    a ``Backend`` object may stand for a name), or ``"auto"`` (the candidate placements timed
+    here, the fastest kept and cached per shape signature). ``threads``: the CPU threads it may
+    use. ``device``: ``"cpu"``, ``"gpu"`` or ``"npu"``. ``executor``: ``"sequential"``,
+    ``"dag"`` (independent branches at once), ``"auto"`` (both timed here, the faster kept) or
+    ``"ray"`` (each pipeline stage a Ray actor). Extra keywords are engine options of a single
+    backend. ``options``: ``RunOptions`` (device fallback, debug, engine options per backend,
+    ``example_feeds``, ``buckets``, ``plan_cache_size``), ``AutoOptions``, ``StreamOptions``
+    (the pipeline shape ``stream`` uses by default), ``RayOptions``; one or a list
+    (``edgeinfer.runtime.options``, where the old keywords are mapped).
 
-    What is measured (``backend="auto"``, ``executor="auto"``, stream plans) is decided per
-    shape signature (each symbolic dim bound to its value; ``buckets={"height": [320, 640]}``
-    groups values): at construction when every input is static or ``example_feeds`` are given,
-    else on the first real request of each signature. ``plan_cache_size`` signatures are kept
-    compiled; the least recently used is closed beyond that.
+    What is measured is decided per shape signature (each symbolic dim bound to its value,
+    ``buckets`` grouping values): at construction when every input is static or
+    ``example_feeds`` are given, else on the first request of each signature; the least
+    recently used beyond ``plan_cache_size`` is closed.
 
     ``run`` may be called from many threads at once; ``run_async`` returns a future;
     ``stream`` pipelines an iterable of requests over stages. ``close()`` (or ``with``) stops
@@ -65,7 +58,6 @@ class Session:
     def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy", threads: int | None = None, *,
                  device: str = "cpu", executor: str = "sequential", options: Any = None, **engine_options: Any):
         from edgeinfer.runtime import placement
-        from edgeinfer.runtime.stream.pipeline import check_choice
 
         opts, engine_options = from_keywords(gather(options), dict(engine_options))
         if not isinstance(model, Model):
@@ -77,17 +69,18 @@ class Session:
         run, stream = opts.run, opts.stream
         self.model, self.threads, self.device, self.options = model, threads, check_device(device), opts
         self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if run.debug is None else run.debug
-        self.backend_options = _engine_options(backend, run.backend_options, engine_options)
+        self.backend_options = merged_engine_options(backend, run.backend_options, engine_options)
         self.fallback = run.fallback
         if executor not in (*placement.EXECUTORS, "auto", "ray"):
             raise BackendError(f"executor {executor!r}: expected one of {', '.join(placement.EXECUTORS)}, auto, ray")
-        check_choice(stream.stages, stream.replicas)
-        if stream.plan_budget is not None and (not isinstance(stream.plan_budget, (int, float))
-                                               or stream.plan_budget <= 0):
-            raise BackendError(f"plan_budget {stream.plan_budget!r}: expected a positive number of seconds")
         self.stages, self.replicas, self.plan_budget = stream.stages, stream.replicas, stream.plan_budget
-        self._ray_settings = _ray_settings(executor, backend, opts.ray)
-        self.backend_name = "auto" if backend == "auto" else _backend_label(backend, placement.backend_priority(backend))
+        self._ray = None  # executor="ray": the session's stage actors, started on the first request
+        if executor == "ray":
+            from edgeinfer.runtime.stream.ray import RayServing
+
+            self._ray = RayServing(backend, opts.ray, stream.stages, stream.replicas, self._plan_for)
+        self.backend_name = backend if isinstance(backend, str) else ",".join(
+            n if isinstance(n, str) else n.name for n in placement.backend_priority(backend))
         self._settings = EngineSettings(backend, executor, threads, self.device, self.fallback, self.backend_options,
                                         self.debug, opts.auto.cache, run.plan_cache_size)
         self._checker = FeedChecker(model.inputs, run.buckets)
@@ -96,10 +89,8 @@ class Session:
         self._single: CompiledPlan | None = None  # the one plan when only one can exist
         self._current: CompiledPlan | None = None  # the plan used last
         self._async_pool: ThreadPoolExecutor | None = None
-        self._streams: weakref.WeakSet = weakref.WeakSet()
-        self._detached: list[threading.Thread] = []
+        self._streams: Any = None  # the StreamContext of this session's streams, made by the first
         self._lock = threading.Lock()
-        self._ray = None  # the RayPipeline, made on the first request
         self._closed = False
         self._example = self._checker.check(run.example_feeds) if run.example_feeds is not None else None
         if not self._settings.per_signature:
@@ -113,24 +104,26 @@ class Session:
                     self._single = plan
         # what ``run`` hands checked feeds to: the one plan (its ``run`` is the engine's once
         # proven), or None where the plan depends on the request (signatures, Ray)
-        self._fast = self._single if self._ray_settings is None else None
+        self._fast = self._single if self._ray is None else None
 
     # -- plans --------------------------------------------------------------------------------
+    def check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """``feeds`` as ``run`` takes them: checked against the inputs, converted where allowed."""
+        return self._checker.check(feeds)
+
     def signature(self, feeds: Mapping[str, Any]) -> Signature:
         """The shape signature of ``feeds`` (each symbolic dim bound to its value, bucketed)."""
         return self._checker.signature(self._checker.check(feeds))
 
-    def _build(self, signature: Signature, checked: dict[str, Any]) -> Callable[[], CompiledPlan]:
-        def build() -> CompiledPlan:
-            self._check_open()
-            return build_plan(self.model, self._settings, signature, checked)
-        return build
+    def _build(self, signature: Signature, checked: dict[str, Any]) -> CompiledPlan:
+        self._check_open()
+        return build_plan(self.model, self._settings, signature, checked)
 
     def _plan_for(self, checked: dict[str, Any]) -> CompiledPlan:
         if self._single is not None:
             return self._single
         signature = self._checker.signature(checked)
-        plan = self.plan_cache.get(signature, self._build(signature, checked))
+        plan = self.plan_cache.get(signature, self._build, signature, checked)
         self._current = plan
         return plan
 
@@ -143,7 +136,7 @@ class Session:
 
     @contextmanager
     def _leased(self, signature: Signature, checked: dict[str, Any]):
-        with self.plan_cache.lease(signature, self._build(signature, checked)) as plan:
+        with self.plan_cache.lease(signature, self._build, signature, checked) as plan:
             self._current = plan
             yield plan
 
@@ -227,15 +220,15 @@ class Session:
         fast = self._fast
         results = fast.run(self._checker.check(feeds)) if fast is not None else \
             self._run_checked(self._checker.check(feeds))
-        return results if outputs is None else self._select(results, outputs)
+        return results if outputs is None else select_outputs(results, outputs)
 
     def _run_checked(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
-        if self._ray_settings is not None:
-            return next(iter(self._ray_pipeline(checked).serve([checked])))
+        if self._ray is not None:
+            return self._ray.run(checked)
         if self._single is not None:
             return self._single.run(checked)
         signature = self._checker.signature(checked)
-        plan = self.plan_cache.acquire(signature, self._build(signature, checked))  # held open while it runs
+        plan = self.plan_cache.acquire(signature, self._build, signature, checked)  # held open while it runs
         try:
             self._current = plan
             return plan.run(checked)
@@ -247,18 +240,18 @@ class Session:
         now (a bad feed raises here, not in the future)."""
         self._check_open()
         checked = self._checker.check(feeds)
-        if self._ray_settings is None:
+        if self._ray is None:
             plan = self._plan_for(checked)
             if isinstance(plan.runner, DagExecutor) and plan.proven:
                 future = plan.runner.submit(checked)
                 if outputs is None:
                     return future
-                return _chain(future, lambda results: self._select(results, outputs))
+                return _chain(future, lambda results: select_outputs(results, outputs))
         with self._lock:
             if self._async_pool is None:
                 workers = max(1, (os.cpu_count() or 1) // (self.threads or os.cpu_count() or 1))
                 self._async_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-async")
-        return self._async_pool.submit(lambda: self._select(self._run_checked(checked), outputs))
+        return self._async_pool.submit(lambda: select_outputs(self._run_checked(checked), outputs))
 
     def stream(self, requests: Iterable[Mapping[str, Any]], *, stages: int | str | None = None,
                replicas: int | Sequence[int] | str | None = None, max_in_flight: int | None = None,
@@ -280,38 +273,48 @@ class Session:
         loop) cancels the rest. ``stages`` and ``replicas`` default to the session's; with
         ``executor="ray"`` the session's actors serve every stream.
         """
-        from edgeinfer.runtime.stream import pipeline
+        from edgeinfer.runtime.stream import serve
 
         self._check_open()
         if plan not in ("background", "first"):
             raise BackendError(f"plan {plan!r}: expected 'background' or 'first'")
-        if self._ray_settings is not None:
-            self._check_ray_shape(stages, replicas)
-            return self._ray_stream(requests, max_in_flight=max_in_flight, timeout=timeout, outputs=outputs)
+        if self._ray is not None:
+            self._ray.check_shape(stages, replicas)
+            return self._ray.stream(requests, self._checker.check, lambda results: select_outputs(results, outputs),
+                                    max_in_flight=max_in_flight, timeout=timeout)
         stages = self.stages if stages is None else stages
         replicas = self.replicas if replicas is None else replicas
-        pipeline.check_choice(stages, replicas)
-        return pipeline.stream(self._lease, self._checker.signature, requests, stages=stages, replicas=replicas,
-                               max_in_flight=max_in_flight, timeout=timeout, check=self._checker.check,
-                               select=lambda results: self._select(results, outputs), register=self._register,
-                               plan_budget=plan_budget if plan_budget is not None else self.plan_budget,
-                               background=plan == "background", closed=lambda: self._closed, adopt=self._adopt)
+        check_choice(stages, replicas)
+        return serve.stream(self._stream_context(), requests, stages=stages, replicas=replicas,
+                            max_in_flight=max_in_flight, timeout=timeout, outputs=outputs,
+                            background=plan == "background", plan_budget=plan_budget)
+
+    def _stream_context(self) -> Any:
+        from edgeinfer.runtime.stream.serve import StreamContext
+
+        with self._lock:
+            self._check_open()
+            if self._streams is None:
+                self._streams = StreamContext(self._checker.check, self._checker.signature, self._lease,
+                                              self.plan_budget)
+            return self._streams
 
     def pipeline_plan(self, feeds: Mapping[str, Any] | None = None, *, stages: int | str | None = None,
                       replicas: int | Sequence[int] | str | None = None):
         """The stage plan ``stream`` uses for requests like ``feeds`` (default: the session's
         ``example_feeds``, or random feeds when every input is static): stages, replicas,
         measured stage times. Planned once per choice and signature; later streams reuse it."""
-        from edgeinfer.runtime.stream.pipeline import check_choice, plan_key, plan_stages
+        from edgeinfer.runtime.stream.planner import plan_stages
+        from edgeinfer.runtime.stream.serve import plan_key
 
         stages = self.stages if stages is None else stages
         replicas = self.replicas if replicas is None else replicas
         self._check_open()
         check_choice(stages, replicas)
         checked = self._checker.check(feeds) if feeds is not None else self._default_sample()
-        if self._ray_settings is not None:  # the plan of the session's actors
-            self._check_ray_shape(stages, replicas)
-            return self._ray_pipeline(checked).plan
+        if self._ray is not None:  # the plan of the session's actors
+            self._ray.check_shape(stages, replicas)
+            return self._ray.started(checked).plan
         compiled = self._plan_for(checked)
         if not compiled.proven:
             compiled.run(checked)
@@ -328,54 +331,10 @@ class Session:
         raise InputError(f"inputs {symbolic} have symbolic dims: give feeds of real shapes "
                          "(or Session(..., example_feeds=...)); edgeinfer does not plan on guessed dims")
 
-    def _check_ray_shape(self, stages: Any, replicas: Any) -> None:
-        """With Ray the actors exist once per session: a different shape per stream is an error."""
-        for name, given, fixed in (("stages", stages, self.stages), ("replicas", replicas, self.replicas)):
-            if given is not None and given != fixed:
-                raise BackendError(f"{name}={given!r}: with executor='ray' the pipeline shape is the session's "
-                                   f"({name}={fixed!r}); give it to Session(...)")
-
-    def _ray_stream(self, requests: Iterable[Mapping[str, Any]], *, max_in_flight: int | None,
-                    timeout: float | None, outputs: list[str] | None) -> Iterator[dict[str, np.ndarray]]:
-        source = iter(requests)
-        try:
-            first = next(source)
-        except StopIteration:
-            return
-        ray_pipeline = self._ray_pipeline(self._checker.check(first))
-        yield from ray_pipeline.serve(itertools.chain([first], source), check=self._checker.check,
-                                      select=lambda results: self._select(results, outputs),
-                                      max_in_flight=max_in_flight, timeout=timeout)
-
-    def _ray_pipeline(self, sample: dict[str, Any]) -> Any:
-        """The session's Ray stage actors, planned and started on the first request."""
-        from edgeinfer.runtime.stream.ray import RayPipeline
-
-        with self._lock:
-            self._check_open()
-            if self._ray is None:
-                self._ray = RayPipeline(self._plan_for(sample), sample, stages=self.stages, replicas=self.replicas,
-                                        **self._ray_settings)
-            return self._ray
-
     @property
     def ray_pipeline(self) -> Any:
         """The Ray stage actors and their plan (None before the first request, or without Ray)."""
-        return self._ray
-
-    def _register(self, pipeline: Any) -> None:
-        with self._lock:
-            if self._closed:
-                pipeline.close()
-                raise SchedulerError("session is closed: expected an open Session, create a new one")
-            self._streams.add(pipeline)
-        pipeline.on_detach = self._adopt
-
-    def _adopt(self, threads: list[threading.Thread]) -> None:
-        """Workers a stream detached (stuck past its timeout) and a stream's planner, which
-        outlives it: joined before close() frees what they run."""
-        with self._lock:
-            self._detached = [t for t in self._detached if t.is_alive()] + list(threads)
+        return self._ray.pipeline if self._ray is not None else None
 
     def stats(self) -> dict[str, Any]:
         """The executable's facts when the model is one part; else ``parts`` (each part's facts)
@@ -400,21 +359,13 @@ class Session:
             self._closed = True
             self._fast = None
             pool, self._async_pool = self._async_pool, None
-            ray_pipeline, self._ray = self._ray, None
-        for pipeline in list(self._streams):
-            pipeline.close()
-        if ray_pipeline is not None:
-            ray_pipeline.close()
+            streams, ray = self._streams, self._ray
+        if streams is not None:
+            streams.close()  # pipelines, planners, workers a timeout detached
+        if ray is not None:
+            ray.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-        deadline = time.monotonic() + JOIN_DETACHED_S
-        with self._lock:
-            detached, self._detached = self._detached, []
-        for thread in detached:  # a worker still inside a backend call: let it finish first
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                log.warning("worker %s still busy %.0f s after close(); its plan is closed anyway",
-                            thread.name, JOIN_DETACHED_S)
         self.plan_cache.close()
         if self._single is not None:
             self._single.close()
@@ -428,18 +379,6 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise SchedulerError("session is closed: expected an open Session, create a new one")
-
-    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
-        return self._checker.check(feeds)
-
-    def _select(self, results: dict[str, np.ndarray], outputs: list[str] | None) -> dict[str, np.ndarray]:
-        if outputs is None:
-            return results
-        unknown = [o for o in outputs if o not in results]
-        if unknown:
-            raise InputError(f"unknown output(s) {unknown}: expected some of {list(results)}")
-        return {name: results[name] for name in outputs}
-
 
 def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
     """A future of ``then(result)`` of ``future``."""
@@ -455,31 +394,3 @@ def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
 
     future.add_done_callback(done)
     return chained
-
-
-def _engine_options(backend: Any, per_backend: Mapping[str, Mapping[str, Any]] | None,
-                    engine_options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Engine options by backend name: ``RunOptions.backend_options``, plus keywords for a single backend."""
-    options = {name: dict(values) for name, values in (per_backend or {}).items()}
-    if engine_options:
-        if not isinstance(backend, str) or backend == "auto":
-            raise BackendError(f"engine options {sorted(engine_options)} need a single backend; with "
-                               f"{backend!r} give options=RunOptions(backend_options={{name: {{...}}}})")
-        options[backend] = {**options.get(backend, {}), **engine_options}
-    return options
-
-
-def _backend_label(backend: Any, names: Sequence[Any]) -> str:
-    return backend if isinstance(backend, str) else ",".join(n if isinstance(n, str) else n.name for n in names)
-
-
-def _ray_settings(executor: str, backend: Any, ray: RayOptions) -> dict[str, Any] | None:
-    """``RayPipeline``'s keywords with ``executor="ray"`` (a clear error now if Ray is missing)."""
-    if executor != "ray":
-        return None
-    from edgeinfer.runtime.stream.ray import import_ray
-
-    import_ray()
-    if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
-        raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
-    return ray.settings()

@@ -13,7 +13,7 @@ import edgeinfer as ei
 from devkit import zoo
 from devkit.testing import assert_close
 from edgeinfer.model import Model
-from edgeinfer.runtime import auto
+from edgeinfer.runtime import auto, measure
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -99,7 +99,7 @@ def _fake_timing(monkeypatch, seconds: dict[str, float]) -> list[tuple[str, ...]
             run()
         return {label: [seconds[label]] * max(calls, 1) for label in runs}
 
-    monkeypatch.setattr(auto, "time_engines", fake)
+    monkeypatch.setattr(measure, "time_engines", fake)  # the one timing loop auto races through
     return rounds
 
 

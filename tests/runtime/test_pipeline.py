@@ -14,7 +14,7 @@ import edgeinfer as ei
 from devkit import zoo
 from devkit.testing import assert_close
 from edgeinfer.errors import BackendError, InputError, RequestTimeoutError
-from edgeinfer.runtime.stream.planner import crossing_bytes, replicate, split, throughput
+from edgeinfer.runtime.stream.split import crossing_bytes, replicate, split, throughput
 
 from .backends import FAIL_MARK, SLOW_MARK, FaultyBackend
 from .threads import edgeinfer_threads
@@ -307,8 +307,8 @@ def test_stages_overlap_on_different_threads_and_requests_run_one_at_a_time():
 def test_with_a_slow_link_the_planner_cuts_where_activations_are_small():
     """Stages on other machines (Ray) pay for the bytes crossing a cut: with a slow link the cut
     goes where the activation is smallest (the 4-wide bottleneck), not where time balances."""
-    from edgeinfer.runtime.stream.pipeline import plan_stages
-    from edgeinfer.runtime.stream.planner import crossing_bytes
+    from edgeinfer.runtime.stream.planner import plan_stages
+    from edgeinfer.runtime.stream.split import crossing_bytes
 
     proto = zoo.mlp_symbolic_batch(features=(64, 512, 512, 4, 512, 512, 64), seed=2)
     model = ei.convert(proto)

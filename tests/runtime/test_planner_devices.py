@@ -14,7 +14,7 @@ import edgeinfer as ei
 from devkit.testing import assert_close
 from edgeinfer.backend import Backend, CompileOptions, Executable, get_backend
 from edgeinfer.ir import Graph, Node
-from edgeinfer.runtime.stream.planner import (
+from edgeinfer.runtime.stream.split import (
     DEFAULT_LINK_BYTES_PER_SECOND,
     HANDOFF_SECONDS,
     cut_seconds,

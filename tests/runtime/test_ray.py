@@ -160,12 +160,12 @@ def test_a_session_that_started_ray_leaves_no_ray_process_behind(tmp_path):
 
 
 def test_the_driver_compiles_no_stage_and_leaves_a_ray_it_did_not_start_running(local_ray, cnn, monkeypatch):
-    from edgeinfer.runtime.stream import pipeline
+    from edgeinfer.runtime.stream import stages
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("the driver compiled a stage it hands to an actor")
 
-    monkeypatch.setattr(pipeline, "compile", no_compiling)
+    monkeypatch.setattr(stages, "compile", no_compiling)
     model, pool, expected = cnn
     with ei.Session(model, backend="onnxruntime", executor="ray",
                     options=[ei.StreamOptions(stages=2, replicas=1), ei.RayOptions(stage_resources=HALF_CPU)]) as session:

@@ -144,9 +144,9 @@ def test_a_repeated_signature_reuses_its_plan_and_never_runs_a_closed_one():
         looked_up = []
         real = session.plan_cache.acquire
 
-        def acquire(key, build):
+        def acquire(key, build, *args):
             looked_up.append(key)
-            return real(key, build)
+            return real(key, build, *args)
 
         session.plan_cache.acquire = acquire
         for batch in (1, 1, 1, 2, 2, 1, 1):

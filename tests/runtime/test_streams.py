@@ -97,7 +97,7 @@ def test_a_stream_starts_on_the_default_plan_and_switches_to_the_measured_one(ml
                     while measured_key not in session.stage_plans and time.monotonic() < deadline:
                         time.sleep(0.01)
                 yield request
-            served.extend(p.plans for p in list(session._streams))
+            served.extend(p.plans for p in session._streams.pipelines())
 
         outs = list(session.stream(source()))
         default = session.stage_plans[("default", "N=1")]

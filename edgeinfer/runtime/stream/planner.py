@@ -1,229 +1,272 @@
-"""The stage planner (PipeDream's profile -> partition): per-node times, the contiguous split
-into K stages that minimises the slowest stage, and replicas for a bottleneck stage.
+"""The stream planner (PipeDream's profile -> partition -> measure): which pipeline serves a
+stream of one signature best on this machine.
 
-Nodes are taken in the graph's topological order; a stage is a contiguous run of them. With
-``cost[i]`` the time of node i (measured on its backend, one thread) and ``cross[j]`` the cost
-of handing the values live across a cut before node j to the next stage (``cut_seconds``: a
-thread hand-off, the host <-> device copies the cut adds, bytes over the network for Ray
-stages), the split solves
-
-    best[k][j] = min over i < j of max(best[k-1][i], sum(cost[i:j]) + cross[i])
-
-by dynamic programming (O(K n^2)). Throughput is 1 / max_k(stage_k / replicas_k); spare
-workers go one at a time to the stage with the largest stage_k / replicas_k while that lowers
-the maximum.
+``plan_stages`` profiles every node on its backend (``measure.profile_nodes``), splits the
+graph into K stages for each K the workers allow (``split.split``: dynamic programming on the
+profile, with the cost of each cut), compiles and measures the stages, recalibrates the
+profile once from the measured stages, gives spare workers to the bottleneck stage, and with
+``stages="auto"`` also considers the compiled plan's own runner with every thread (intra-op
+parallelism instead of replicas), the default plan (replicas of the whole graph, one thread
+each) and, for a ``backend="auto"`` plan, the other engines that take the whole graph alone.
+The candidates are then measured as pipelines, in alternating rounds (``measure.best_rates``),
+and the one with the best measured throughput is kept. All timing is in ``runtime.measure``.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from edgeinfer.errors import BackendError, EdgeInferError
+from edgeinfer.runtime.measure import best_rates, best_time, profile_nodes
+from edgeinfer.runtime.options import check_choice
+from edgeinfer.runtime.placement import make_plan
+from edgeinfer.runtime.stream.pipeline import Pipeline
+from edgeinfer.runtime.stream.split import cut_seconds, replicate, split, throughput
+from edgeinfer.runtime.stream.stages import (
+    PlanningCancelled,
+    Stage,
+    StagePlan,
+    borrowed_stage,
+    build_stages,
+    close_stages,
+    workers_for,
+)
 
-from edgeinfer.backend import Backend, CompileOptions
-from edgeinfer.ir import Graph, dtypes
-from edgeinfer.runtime.parts import close_executable, engine_compile
+if TYPE_CHECKING:
+    from edgeinfer.backend import Backend
+    from edgeinfer.runtime.plans import CompiledPlan
 
-HANDOFF_SECONDS = 50e-6  # a queue hand-off between two threads, measured order of magnitude
-HOST = "cpu"
-# Host <-> accelerator copies where no backend measured its link: PCIe 3.0 x16 moves about
-# 12 GB/s from pinned memory and half that from pageable memory; 8 GB/s lies between.
-DEFAULT_LINK_BYTES_PER_SECOND = 8e9
-
-
-def profile_nodes(graph: Graph, placed: Sequence[str], backends: Mapping[str, Backend],
-                  feeds: Mapping[str, Any], *, repeats: int = 3) -> tuple[list[float], dict[str, Any]]:
-    """Seconds per node, each compiled alone on its backend with one thread and run on the real
-    values the nodes before it produced (best of ``repeats``); also every value computed."""
-    env: dict[str, Any] = {**graph.initializers, **feeds}
-    costs = []
-    options = CompileOptions(threads=1)
-    for node, name in zip(graph.nodes, placed):
-        sub = graph.subgraph([node], name=f"profile_{node.name or node.outputs[0]}")
-        executable = engine_compile(backends[name], sub, options)
-        node_feeds = {n: env[n] for n in sub.input_names}
-        try:
-            outputs = executable.run(node_feeds)  # warm-up, and the values the next nodes read
-            costs.append(best_time(lambda e=executable, f=node_feeds: e.run(f), repeats))
-        finally:
-            close_executable(executable)
-        env.update(outputs)
-    return costs, env
+log = logging.getLogger("edgeinfer.runtime.stream.planner")
+_SEQUENTIAL = object()  # a planner candidate: the compiled plan's own runner, one worker
+SAME_RATE = 0.03  # measured throughputs this close are one (noise); the simpler candidate is kept
 
 
-def best_time(call: Callable[[], Any], repeats: int) -> float:
-    """The fastest of ``repeats`` calls, in seconds (the least disturbed by the machine)."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
+def stage_seconds(stages: Sequence[Stage], feeds: Mapping[str, Any], repeats: int = 3) -> list[float]:
+    seconds = []
+    message = dict(feeds)
+    for stage in stages:
+        out = stage.run(message)  # warm-up
+        seconds.append(best_time(lambda s=stage, m=message: s.run(m), repeats))
+        message = out
+    return seconds
 
 
-def crossing_bytes(graph: Graph) -> list[int]:
-    """``cross[j]``: bytes of the values (graph inputs included) that must be handed across a
-    cut just before node j: made before j and read at or after j. Graph outputs count as read
-    at the end. Symbolic dims count as 1."""
-    index = {id(node): i for i, node in enumerate(graph.nodes)}
-    n = len(graph.nodes)
-    delta = [0] * (n + 2)
-    outputs = set(graph.output_names)
-    for value in graph.values.values():
-        if value.const is not None or (value.producer is None and value.name not in graph.input_names):
-            continue
-        born = index[id(value.producer)] + 1 if value.producer is not None else 0
-        last = n if value.name in outputs else max(
-            (index[id(node)] for node, _ in value.uses if id(node) in index), default=-1)
-        if last >= born:
-            size = _nbytes(value)
-            delta[born] += size
-            delta[last + 1] -= size
-    cross, running = [], 0
-    for j in range(n):
-        running += delta[j]
-        cross.append(running)
-    return cross
+def _split_measured(compiled: CompiledPlan, costs: list[float], cross: list[float], k: int,
+                    feeds: Mapping[str, Any]) -> tuple[list[Stage], list[float]]:
+    """Split on the profile, measure the compiled stages, rescale each node's cost by its
+    stage's measured/profiled ratio (fusion inside an engine makes a stage cheaper than the
+    sum of its nodes), split again, and keep whichever split measured better."""
+    ranges = split(costs, k, cross)
+    stages = build_stages(compiled, ranges, threads=1)
+    seconds = stage_seconds(stages, feeds)
+    if len(ranges) > 1:
+        scaled = list(costs)
+        for (start, end), measured in zip(ranges, seconds):
+            profiled = sum(costs[start:end]) or 1e-9
+            for i in range(start, end):
+                scaled[i] = costs[i] * measured / profiled
+        again = split(scaled, k, cross)
+        if again != ranges:
+            stages2 = build_stages(compiled, again, threads=1)
+            seconds2 = stage_seconds(stages2, feeds)
+            if max(seconds2) < max(seconds):
+                close_stages(stages)
+                return stages2, seconds2
+            close_stages(stages2)
+    return stages, seconds
 
 
-def link_bandwidth(src: str, dst: str, links: Mapping[tuple[str, str], float]) -> float:
-    """Bytes per second copying from device ``src`` to ``dst`` (one device: no copy, infinite);
-    two accelerators go through the host."""
-    if src == dst:
-        return math.inf
-    if HOST not in (src, dst):
-        return 1.0 / (1.0 / link_bandwidth(src, HOST, links) + 1.0 / link_bandwidth(HOST, dst, links))
-    return links.get((src, dst), DEFAULT_LINK_BYTES_PER_SECOND)
+@dataclass
+class _Candidate:
+    """A pipeline the planner considers: its stages (compiled), measured stage seconds, replicas,
+    the engines it runs on (None: the plan's; ``_SEQUENTIAL``: the compiled plan's own runner;
+    or (backends, backend per node)) and what ``StagePlan.describe`` shows of it."""
+
+    stages: list[Stage]
+    seconds: list[float]
+    replicas: list[int]
+    engines: Any
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
-def device_links(backends: Sequence[Backend]) -> dict[tuple[str, str], float]:
-    """The copy bandwidths the backends measured for their devices."""
-    links: dict[tuple[str, str], float] = {}
-    for backend in backends:
-        links.update(backend.link_bytes_per_second())
-    return links
+class _Clock:
+    """The planner's budget (seconds, None: unbounded) and its cancellation."""
+
+    def __init__(self, budget: float | None, cancelled: Callable[[], bool] | None):
+        self.deadline = None if budget is None else time.perf_counter() + budget
+        self.cancelled = cancelled
+
+    def check(self) -> None:
+        if self.cancelled is not None and self.cancelled():
+            raise PlanningCancelled("the stream was closed before its plan was ready")
+
+    def out_of_time(self, built: Sequence[Any]) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline and bool(built)
 
 
-def device_cut_seconds(graph: Graph, devices: Sequence[str],
-                       links: Mapping[tuple[str, str], float] | None = None) -> list[float]:
-    """``cut[j]``: the copies a pipeline cut just before node j adds, in seconds, with node i's
-    values living on ``devices[i]`` (``Backend.value_device``; graph inputs and outputs on the
-    host) and ``links`` the bandwidth per (source, destination) device (``link_bandwidth``).
+def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int | str | None = "auto",
+                replicas: int | Sequence[int] | str | None = "auto", measure: bool = True,
+                transfer_bytes_per_second: float | None = None, workers: int | None = None,
+                compile_stages: bool = True, budget: float | None = None,
+                cancelled: Callable[[], bool] | None = None) -> StagePlan:
+    """Plan a pipeline for ``compiled`` over ``workers`` (default its threads, else all cores),
+    profiling with ``feeds`` (real feeds of the plan's signature).
 
-    Stages hand values to each other on the host, while inside a stage a value stays on its
-    device and is copied once to each other device that reads it (those copies are part of the
-    stage's measured time, cut or no cut). So a value made on device s before the cut and read
-    after it on devices D costs, with the cut, s -> host plus host -> d for every accelerator d
-    in D; without it, s -> d for each d in D it is not yet on; the cut adds the difference.
-    A cut inside a run of GPU nodes pays two copies of what crosses it, a cut where the values
-    go to the CPU anyway pays nothing more, and on a plan all on the host every cut is free.
-    A value crossing several cuts is costed at each as if it were the first (it is on the host
-    after the first: an overestimate, only where it was made on an accelerator)."""
-    links = links or {}
-    n = len(graph.nodes)
-    if all(device == HOST for device in devices):
-        return [0.0] * n
-    index = {id(node): i for i, node in enumerate(graph.nodes)}
-    outputs = set(graph.output_names)
-    delta = [0.0] * (n + 1)  # cut[j] = sum of delta[:j + 1]: each value's cost is constant between its reads
-    for value in graph.values.values():
-        if value.const is not None or (value.producer is None and value.name not in graph.input_names):
-            continue
-        size = _nbytes(value)
-        if not size:
-            continue
-        born = index[id(value.producer)] + 1 if value.producer is not None else 0
-        source = devices[born - 1] if value.producer is not None else HOST
-        reads = sorted({(index[id(node)], devices[index[id(node)]]) for node, _ in value.uses if id(node) in index})
-        if value.name in outputs:
-            reads.append((n, HOST))
-        first_read: dict[str, int] = {}  # device -> where the value is first read on it
-        for position, device in reads:
-            first_read.setdefault(device, position)
-        start = born
-        for position in sorted({position for position, _ in reads}):
-            end = min(position, n - 1)  # cuts start..end all see the reads at or after ``position``
-            if end >= start:
-                after = {device for at, device in reads if at >= position}
-                with_cut = (0.0 if source == HOST else size / link_bandwidth(source, HOST, links)) + sum(
-                    size / link_bandwidth(HOST, d, links) for d in after if d != HOST)
-                without = sum(size / link_bandwidth(source, d, links) for d in after if first_read[d] >= position)
-                added = max(0.0, with_cut - without)
-                delta[start] += added
-                delta[end + 1] -= added
-            start = max(start, position + 1)
-    cut, running = [], 0.0
-    for j in range(n):
-        running += delta[j]
-        cut.append(running)
-    return cut
-
-
-def cut_seconds(graph: Graph, node_backends: Sequence[Backend],
-                network_bytes_per_second: float | None = None) -> list[float]:
-    """What a cut before each node costs the stage after it: a hand-off between threads, the
-    device copies it adds (``device_cut_seconds``, the backends' measured links), and with
-    ``network_bytes_per_second`` (stages on other machines) every byte crossing it."""
-    devices = [backend.value_device() for backend in node_backends]
-    moved = device_cut_seconds(graph, devices, device_links(list({id(b): b for b in node_backends}.values())))
-    network = crossing_bytes(graph) if network_bytes_per_second else [0] * len(graph.nodes)
-    return [HANDOFF_SECONDS + copies + (size / network_bytes_per_second if network_bytes_per_second else 0.0)
-            for copies, size in zip(moved, network)]
+    A cut costs a hand-off between threads, the host <-> device copies it adds
+    (``split.device_cut_seconds``) and, with ``transfer_bytes_per_second`` (stages on other
+    machines), the bytes crossing it, so cuts go where activations are small. Local stages on
+    the host pass arrays by reference, so bytes cost nothing there. ``compile_stages=False`` (Ray) splits
+    on the profile alone and compiles no stage. ``budget``: seconds after which no further
+    candidate is tried (the best one so far is kept). ``cancelled()`` true: stop
+    (``PlanningCancelled``)."""
+    check_choice(stages, replicas)
+    feeds = dict(feeds)
+    graph = compiled.graph
+    workers = workers_for(compiled, workers)
+    if not graph.nodes:
+        raise BackendError("stream: the model has no nodes to pipeline")
+    by_name = {b.name: b for b in compiled.backends}
+    costs, _ = profile_nodes(graph, compiled.plan.assignment.backends, by_name, feeds)
+    cross = cut_seconds(graph, [by_name[name] for name in compiled.plan.assignment.backends], transfer_bytes_per_second)
+    fixed = None if replicas in (None, "auto") else replicas
+    if isinstance(stages, int):
+        counts = [stages]
+    elif isinstance(fixed, Sequence):  # a replica count per stage says how many stages
+        counts = [len(fixed)]
+    else:
+        counts = list(range(1, min(workers, len(graph.nodes)) + 1))
+    if not compile_stages:
+        return _profiled(compiled, costs, cross, counts[0] if len(counts) == 1 else workers, workers, fixed)
+    clock = _Clock(budget, cancelled)
+    built: list[_Candidate] = []
+    try:
+        for k in counts:
+            clock.check()
+            if clock.out_of_time(built):
+                break
+            stage_list, seconds = _split_measured(compiled, costs, cross, k, feeds)
+            built.append(_Candidate(stage_list, seconds, replicate(seconds, workers, fixed), None))
+        if measure and stages == "auto" and fixed is None:
+            _whole_graph_candidates(compiled, feeds, workers, built, clock)
+        for candidate in built:
+            candidate.facts.update(stages=len(candidate.stages), replicas=candidate.replicas,
+                                   predicted=throughput(candidate.seconds, candidate.replicas))
+        best = _measured_best(built, feeds, clock, graph.output_names) if measure else \
+            max(range(len(built)), key=lambda i: built[i].facts["predicted"])
+    except BaseException:
+        for candidate in built:
+            close_stages(candidate.stages)
+        raise
+    for index, candidate in enumerate(built):
+        if index != best:
+            close_stages(candidate.stages)
+    return _final(compiled, built[best], workers, [c.facts for c in built])
 
 
-def _nbytes(value) -> int:
-    if value.shape is None or not dtypes.is_tensor_type(value.dtype) or value.dtype == "str":
-        return 0
-    return math.prod(d if isinstance(d, int) else 1 for d in value.shape) * dtypes.numpy_dtype(value.dtype).itemsize
+def _profiled(compiled: CompiledPlan, costs: list[float], cross: list[float], k: int, workers: int,
+              fixed: Any) -> StagePlan:
+    """A plan split on the profile alone, nothing compiled (Ray's actors compile their stages)."""
+    graph = compiled.graph
+    ranges = split(costs, min(k, len(graph.nodes)), cross)
+    seconds = [sum(costs[a:b]) + (cross[a] if a else 0.0) for a, b in ranges]
+    stage_list = build_stages(compiled, ranges, 1, compile_stages=False)
+    reps = replicate(seconds, workers, fixed)
+    per_worker = max(1, workers // sum(reps))
+    return StagePlan(stage_list, reps, seconds, per_worker, graph.output_names,
+                     [{"stages": len(ranges), "replicas": reps, "predicted": throughput(seconds, reps)}])
 
 
-def split(costs: Sequence[float], stages: int, cross_seconds: Sequence[float] | None = None) -> list[tuple[int, int]]:
-    """The contiguous split of ``costs`` into ``stages`` non-empty ranges [start, end) that
-    minimises the slowest stage (a stage after a cut also pays ``cross_seconds[cut]``)."""
-    n = len(costs)
-    stages = max(1, min(stages, n))
-    cross = list(cross_seconds) if cross_seconds is not None else [0.0] * n
-    prefix = np.concatenate([[0.0], np.cumsum(costs)])
-    best = np.full((stages + 1, n + 1), math.inf)
-    cut = np.zeros((stages + 1, n + 1), dtype=np.int64)
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for j in range(k, n + 1):
-            starts = np.arange(k - 1, j)
-            segment = prefix[j] - prefix[starts] + np.where(starts > 0, np.asarray(cross)[starts], 0.0)
-            candidates = np.maximum(best[k - 1][starts], segment)
-            pick = int(np.argmin(candidates))
-            best[k][j], cut[k][j] = candidates[pick], starts[pick]
-    ranges, end = [], n
-    for k in range(stages, 0, -1):
-        start = int(cut[k][end])
-        ranges.append((start, end))
-        end = start
-    return ranges[::-1]
-
-
-def replicate(stage_seconds: Sequence[float], workers: int, fixed: Sequence[int] | int | None = None) -> list[int]:
-    """Workers per stage: ``fixed`` as given, else one each and then spare workers, one at a
-    time, to the stage with the largest time per replica while that lowers the maximum."""
-    k = len(stage_seconds)
-    if fixed is not None:
-        replicas = [fixed] * k if isinstance(fixed, int) else list(fixed)
-        return replicas
-    replicas = [1] * k
-    while sum(replicas) < workers:
-        per = [t / r for t, r in zip(stage_seconds, replicas)]
-        worst = int(np.argmax(per))
-        replicas[worst] += 1
-        if max(t / r for t, r in zip(stage_seconds, replicas)) >= max(per):
-            replicas[worst] -= 1
+def _whole_graph_candidates(compiled: CompiledPlan, feeds: dict[str, Any], workers: int,
+                            built: list[_Candidate], clock: _Clock) -> None:
+    """Add the compiled plan's own runner with every thread (intra-op parallelism instead of
+    replicas: onnxruntime sequential is often on par with one 1-thread copy per core) and, for
+    a ``backend="auto"`` plan, replicas of each other engine that takes the whole graph."""
+    if compiled.runner is not None and workers > 1 and not clock.out_of_time(built):
+        stage_list = [borrowed_stage(compiled)]
+        seconds = stage_seconds(stage_list, feeds)
+        built.append(_Candidate(stage_list, seconds, [1], _SEQUENTIAL, {"threads": workers}))
+    for label, engines in _other_engines(compiled):  # backend="auto": engines fare differently in streams
+        clock.check()
+        if clock.out_of_time(built):
             break
-    return replicas
+        stage_list = build_stages(compiled, [(0, len(compiled.graph.nodes))], 1, engines)
+        seconds = stage_seconds(stage_list, feeds)
+        built.append(_Candidate(stage_list, seconds, replicate(seconds, workers, None), engines, {"on": label}))
 
 
-def throughput(stage_seconds: Sequence[float], replicas: Sequence[int]) -> float:
-    """Requests per second of a pipeline whose stage k takes ``stage_seconds[k]`` per request."""
-    slowest = max(t / r for t, r in zip(stage_seconds, replicas))
-    return math.inf if slowest <= 0 else 1.0 / slowest
+def _measured_best(built: list[_Candidate], feeds: dict[str, Any], clock: _Clock, output_names: list[str]) -> int:
+    """The candidate with the best measured throughput, as pipelines with their replicas, in
+    alternating rounds. Candidates within ``SAME_RATE`` of the best count as equal, and the
+    first of them (the fewest stages, the default's shape first) is kept."""
+    if len(built) == 1 or clock.out_of_time(built):
+        return max(range(len(built)), key=lambda i: built[i].facts["predicted"])
+    trials = [StagePlan(c.stages, c.replicas, c.seconds, 1, output_names) for c in built]
+    for trial in trials:
+        for stage, count in zip(trial.stages, trial.replicas):
+            stage.replicate(count)
+    rates = best_rates([lambda t=trial: measure_throughput(t, feeds) for trial in trials], cancelled=clock.check)
+    for candidate, rate in zip(built, rates):
+        candidate.facts["measured"] = rate
+    clock.check()
+    top = max(rates)
+    return next(i for i, rate in enumerate(rates) if rate >= top * (1 - SAME_RATE))
+
+
+def _final(compiled: CompiledPlan, chosen: _Candidate, workers: int, candidates: list[dict[str, Any]]) -> StagePlan:
+    """The chosen candidate as the stream's plan: spare cores become intra-op threads of each
+    worker (its stages compiled again with them), and every stage gets its replicas."""
+    graph = compiled.graph
+    stage_list, seconds, reps = chosen.stages, chosen.seconds, chosen.replicas
+    if chosen.engines is _SEQUENTIAL:
+        return StagePlan(stage_list, reps, seconds, workers, graph.output_names, candidates)
+    per_worker = max(1, workers // sum(reps))
+    if per_worker > 1:  # spare cores: give each worker several intra-op threads
+        rebuilt = build_stages(compiled, [(s.nodes.start, s.nodes.stop) for s in stage_list], per_worker,
+                               chosen.engines)
+        close_stages(stage_list)
+        stage_list = rebuilt
+    for stage, count in zip(stage_list, reps):
+        stage.replicate(count)
+    return StagePlan(stage_list, reps, seconds, per_worker, graph.output_names, candidates)
+
+
+def _other_engines(compiled: CompiledPlan) -> list[tuple[str, tuple[list[Backend], list[str]]]]:
+    """For a plan whose backends ``backend="auto"`` chose by latency: every other installed
+    engine that takes the whole graph alone, as (name, (backends, backend per node)). One
+    request at a time on all cores and several at once on one core each rank engines
+    differently (intra-op scaling), so a stream measures them again."""
+    if compiled.auto_choice is None:
+        return []
+    from edgeinfer.backend import installed_backends
+    from edgeinfer.runtime.placement import make_backends
+
+    settings = compiled.settings
+    chosen = {b.name for b in compiled.backends}
+    found = []
+    for name in installed_backends():
+        if name in chosen or name == "numpy":
+            continue
+        try:
+            backends = make_backends([name, "numpy"], device=settings.device, fallback=settings.fallback,
+                                     options={k: v for k, v in settings.options.items() if k == name})
+            plan = make_plan(compiled.graph, backends)
+        except EdgeInferError as exc:
+            log.debug("stream planner: %s not considered: %s", name, exc)
+            continue
+        if [p.backend for p in plan.parts] == [name]:  # the whole graph on it: replicas of one engine
+            found.append((name, (backends, plan.assignment.backends)))
+    return found
+
+
+def measure_throughput(plan: StagePlan, feeds: Mapping[str, Any], seconds: float = 0.4) -> float:
+    """Requests per second of ``plan`` on a short burst of copies of ``feeds``."""
+    count = int(min(400, max(4 * sum(plan.replicas) + 4, plan.predicted_throughput * seconds)))
+    pipeline = Pipeline(plan)
+    start = time.perf_counter()
+    for _ in pipeline.serve(feeds for _ in range(count)):
+        pass
+    return count / (time.perf_counter() - start)

@@ -1,6 +1,6 @@
 """Pipeline stages across machines, on Ray (``Session(model, executor="ray", ...)``).
 
-The same stage planner as the local pipeline (``pipeline.plan_stages``) splits the graph, now
+The same stage planner as the local pipeline (``planner.plan_stages``) splits the graph, now
 counting the bytes that cross each cut (``transfer_bytes_per_second``), so cuts go where
 activations are small. Each stage becomes a Ray actor (one per replica) that receives its
 subgraph as ``.eim`` bytes (edgeinfer's own validated format: nothing executable travels),
@@ -19,6 +19,7 @@ caller, or shared with other sessions, stays up).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import tempfile
@@ -105,7 +106,7 @@ class RayPipeline:
                  transfer_bytes_per_second: float | None = TRANSFER_BYTES_PER_SECOND, max_restarts: int = 3,
                  ray_init: Mapping[str, Any] | None = None):
         from edgeinfer.runtime.placement import backend_priority, spec_options
-        from edgeinfer.runtime.stream.pipeline import plan_stages
+        from edgeinfer.runtime.stream.planner import plan_stages
 
         ray = import_ray()
         self.ray = ray
@@ -244,6 +245,67 @@ class RayPipeline:
 # never shuts down an instance it did not start, nor one another session still uses.
 _RAY_LOCK = threading.Lock()
 _RAY_USERS = {"started": False, "count": 0}
+
+
+class RayServing:
+    """A session's Ray stage actors (``executor="ray"``): planned and started on its first
+    request, serving every ``run`` and ``stream`` of the session; one pipeline shape per session."""
+
+    def __init__(self, backend: Any, options: Any, stages: Any, replicas: Any,
+                 plan_for: Callable[[dict[str, Any]], CompiledPlan]):
+        self.settings = ray_settings(backend, options)  # checked now: a clear error before any request
+        self.stages, self.replicas, self._plan_for = stages, replicas, plan_for
+        self.pipeline: RayPipeline | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def started(self, sample: dict[str, Any]) -> RayPipeline:
+        """The actors, planned on ``sample`` and started the first time."""
+        with self._lock:
+            if self._closed:
+                raise SchedulerError("session is closed: expected an open Session, create a new one")
+            if self.pipeline is None:
+                self.pipeline = RayPipeline(self._plan_for(sample), sample, stages=self.stages,
+                                            replicas=self.replicas, **self.settings)
+            return self.pipeline
+
+    def run(self, checked: dict[str, Any]) -> dict[str, np.ndarray]:
+        return next(iter(self.started(checked).serve([checked])))
+
+    def check_shape(self, stages: Any, replicas: Any) -> None:
+        """With Ray the actors exist once per session: a different shape per stream is an error."""
+        for name, given, fixed in (("stages", stages, self.stages), ("replicas", replicas, self.replicas)):
+            if given is not None and given != fixed:
+                raise BackendError(f"{name}={given!r}: with executor='ray' the pipeline shape is the session's "
+                                   f"({name}={fixed!r}); give it to Session(...)")
+
+    def stream(self, requests: Iterable[Mapping[str, Any]], check: Callable[[Any], dict],
+               select: Callable[[dict], dict], *, max_in_flight: int | None,
+               timeout: float | None) -> Iterator[dict[str, np.ndarray]]:
+        source = iter(requests)
+        try:
+            first = next(source)
+        except StopIteration:
+            return
+        pipeline = self.started(check(first))
+        yield from pipeline.serve(itertools.chain([first], source), check=check, select=select,
+                                  max_in_flight=max_in_flight, timeout=timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pipeline, self.pipeline = self.pipeline, None
+        if pipeline is not None:
+            pipeline.close()
+
+
+def ray_settings(backend: Any, ray: Any) -> dict[str, Any]:
+    """``RayPipeline``'s keywords from ``RayOptions`` (a clear error if Ray is missing or a
+    backend cannot travel to the actors)."""
+    import_ray()
+    if not all(isinstance(b, str) for b in ([backend] if isinstance(backend, str) else list(backend))):
+        raise BackendError("executor='ray' needs backends by name: Backend objects cannot travel to actors")
+    return ray.settings()
 
 
 def _attach(ray: Any, address: str | None, ray_init: Mapping[str, Any] | None) -> bool:

@@ -1,0 +1,134 @@
+"""Measuring on this machine: the one place the runtime times anything.
+
+``backend="auto"`` (its candidate placements), ``executor="auto"`` (sequential against DAG)
+and the stream planner (per-node profile, stage times, candidate pipelines) all decide by
+what is timed here, with the same rules:
+
+- a contender is warmed up before it is timed (``warm``: a fresh engine is slower for its
+  first calls, allocation and JIT kernels);
+- contenders are timed in interleaved rounds whose order alternates
+  (``edgeinfer.timing.time_engines``), so load from elsewhere on the machine hits them alike
+  and none is timed beside another's spinning threads;
+- ``race`` prunes before it times long: after a short first round, a contender slower than
+  ``drop_factor`` times the best is dropped (never the ``protected`` one), the rest are timed
+  within a budget, and two that end up near the bar that decides between them are timed again;
+- single costs (a node, a stage) are the fastest of a few calls (``best_time``: the least
+  disturbed by the machine), throughputs the best of alternating rounds (``best_rates``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgeinfer.backend import Backend, CompileOptions
+from edgeinfer.ir import Graph
+from edgeinfer.runtime.parts import close_executable, engine_compile
+from edgeinfer.timing import time_engines
+
+WARM_S = 0.2  # untimed calls per contender before timing, at most (a big model stops at one)
+FIRST_CALLS = 5  # timed calls per contender in a race's first, pruning round
+
+
+def warm(run: Callable[[], Any], calls: int = 20, seconds: float = WARM_S) -> None:
+    """Untimed calls until ``calls`` are done or ``seconds`` have passed (at least one)."""
+    deadline = time.perf_counter() + seconds
+    for _ in range(calls):
+        run()
+        if time.perf_counter() >= deadline:
+            return
+
+
+def best_time(call: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in seconds (the least disturbed by the machine)."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@dataclass
+class Race:
+    """What ``race`` measured: seconds per call by contender, and the ones it dropped, with why."""
+
+    times: dict[str, list[float]] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)
+    first_ms: dict[str, float] = field(default_factory=dict)  # median of the first round, where there was one
+
+    def medians_ms(self) -> dict[str, float]:
+        return {label: statistics.median(samples) * 1000 for label, samples in self.times.items()}
+
+
+def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor: float | None = None,
+         protected: str | None = None, budget_s: float | None = None,
+         again: Callable[[dict[str, float]], Sequence[str] | None] | None = None) -> Race:
+    """Time ``runs`` (label -> one call) against each other: warm each, then interleaved rounds
+    of ``calls`` calls each. With ``drop_factor`` a first short round drops every contender
+    slower than that many times the best (never ``protected``), and ``budget_s`` sets the
+    calls of the main round from the first round's times (10 to 60). ``again(medians)`` may
+    name contenders to time once more (two near the bar that separates them)."""
+    runs = dict(runs)
+    result = Race()
+    for run in runs.values():
+        warm(run)
+    warmup = 2
+    if drop_factor is not None and len(runs) > 1:
+        first = time_engines(runs, calls=FIRST_CALLS, warmup=warmup)
+        medians = {label: statistics.median(samples) for label, samples in first.items()}
+        result.first_ms = {label: seconds * 1000 for label, seconds in medians.items()}
+        best = min(medians.values())
+        for label, seconds in medians.items():
+            if seconds > drop_factor * best and label != protected and len(runs) > 1:
+                result.dropped[label] = f"{seconds * 1000:.2f} ms in the first rounds, over {drop_factor}x the best"
+                runs.pop(label)
+        if budget_s is not None:
+            per_round = sum(medians[label] for label in runs)
+            calls = int(max(10, min(60, budget_s / max(per_round, 1e-6))))
+        warmup = 0
+    result.times = time_engines(runs, calls=calls, warmup=warmup)
+    pair = again({label: statistics.median(t) for label, t in result.times.items()}) if again else None
+    if pair:
+        for label, samples in time_engines({label: runs[label] for label in pair}, calls=calls).items():
+            result.times[label].extend(samples)
+    return result
+
+
+def best_rates(rates: Sequence[Callable[[], float]], rounds: int = 2,
+               cancelled: Callable[[], None] | None = None) -> list[float]:
+    """The best of ``rounds`` measurements of each throughput (``rates[i]()`` measures one:
+    requests per second), in rounds whose order alternates so noise hits all alike.
+    ``cancelled()`` is called before each measurement (it raises to stop)."""
+    best = [0.0] * len(rates)
+    for round_ in range(rounds):
+        order = range(len(rates)) if round_ % 2 == 0 else reversed(range(len(rates)))
+        for index in order:
+            if cancelled is not None:
+                cancelled()
+            best[index] = max(best[index], rates[index]())
+    return best
+
+
+def profile_nodes(graph: Graph, placed: Sequence[str], backends: Mapping[str, Backend],
+                  feeds: Mapping[str, Any], *, repeats: int = 3) -> tuple[list[float], dict[str, Any]]:
+    """Seconds per node, each compiled alone on its backend with one thread and run on the real
+    values the nodes before it produced (best of ``repeats``); also every value computed."""
+    env: dict[str, Any] = {**graph.initializers, **feeds}
+    costs = []
+    options = CompileOptions(threads=1)
+    for node, name in zip(graph.nodes, placed):
+        sub = graph.subgraph([node], name=f"profile_{node.name or node.outputs[0]}")
+        executable = engine_compile(backends[name], sub, options)
+        node_feeds = {n: env[n] for n in sub.input_names}
+        try:
+            outputs = executable.run(node_feeds)  # warm-up, and the values the next nodes read
+            costs.append(best_time(lambda e=executable, f=node_feeds: e.run(f), repeats))
+        finally:
+            close_executable(executable)
+        env.update(outputs)
+    return costs, env
