@@ -18,6 +18,10 @@
      the raw sessions (one 2-thread, or one 1-thread session per thread) plus serving with them
      cold, timed the same way;
    - edgeinfer second stream(): after the planner's measured plan is ready (steady state);
+
+   on the bench's light MobileNetV2 and (``light_streams``) on onnx's light ResNet-50,
+   Inception v1, ShuffleNet and SqueezeNet at 224x224 (shipped in the onnx wheel: 48, 100,
+   200 and 200 requests);
 3. overhead: ``Session.run`` over the raw onnxruntime session on the same model, and over its
    own executable (what the runtime's Python layers add), in microseconds per call and in
    percent, wall time and (at one engine thread) the calling thread's CPU time, which other
@@ -29,7 +33,7 @@
 Usage::
 
     python benchmarks/bench_runtime.py [--threads 2] [--requests 200] [--frames 60] [--json out.json]
-        [--only overhead first_stream]
+        [--only overhead first_stream light_streams] [--light resnet50 squeezenet]
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ def first_stream(model: ei.Model, proto: Any, requests: int, threads: int, round
         end = time.perf_counter()
         rates[first_label] = requests / (end - built)
         rates[built_label] = requests / (end - start)
-        deadline = time.monotonic() + 60  # the planner goes on after the first stream: wait for its plan
+        deadline = time.monotonic() + 300  # the planner goes on after the first stream: wait for its plan
         while not any(key[0] == "auto" for key in session.stage_plans) and time.monotonic() < deadline:
             time.sleep(0.05)
         rates["edgeinfer second stream()"] = max(requests / _timed(lambda s=session: list(s.stream(batch)))
@@ -170,7 +174,8 @@ def first_stream(model: ei.Model, proto: Any, requests: int, threads: int, round
             "fastest_first_vs_fastest_raw": fastest[first_label] / max(fastest[seq_label], fastest[par_label]),
             "first_per_round": [r["first_vs_best_raw"] for r in per_round],
             "built_vs_best_raw_built": median["built_vs_best_raw_built"],
-            "steady_vs_best_raw": median["steady_vs_best_raw"], "plans": plans}
+            "steady_vs_best_raw": median["steady_vs_best_raw"],
+            "steady_per_round": [r["steady_vs_best_raw"] for r in per_round], "plans": plans}
 
 
 def per_call_us(runs: dict[str, Any], *, block: int, rounds: int) -> dict[str, tuple[float, float]]:
@@ -205,7 +210,7 @@ def overhead_of(label: str, model: Any, source: Any, feeds: dict[str, Any], thre
     with ei.Session(model, backend="onnxruntime", threads=threads) as session:
         session.run(feeds)  # its first run proves the plan (then run goes straight to the engine)
         executable = session.executable  # the compiled engine alone: what the runtime's layers add
-        checked = session.check_feeds(feeds)
+        checked = (session.check_feeds if hasattr(session, 'check_feeds') else session._check_feeds)(feeds)
         us = per_call_us({"raw onnxruntime": lambda: raw(feeds), "Session.run": lambda: session.run(feeds),
                           "its executable.run": lambda: executable.run(checked)}, block=block, rounds=rounds)
     row: dict[str, Any] = {"model": label, "threads": threads}
@@ -283,7 +288,26 @@ def partition(blocks: int) -> dict[str, float]:
     return {"nodes": len(ir.nodes), "parts": len(plan.parts), "seconds": time.perf_counter() - start}
 
 
-SECTIONS = ("partition", "live", "overhead", "first_stream")
+SECTIONS = ("partition", "live", "overhead", "first_stream", "light_streams")
+LIGHT_MODELS = {"resnet50": 48, "inception_v1": 100, "shufflenet": 200, "squeezenet": 200}  # requests per stream
+
+
+def light_onnx(name: str) -> Any:
+    """onnx's light model ``name`` (the backend test data in the onnx wheel, 224x224 input)."""
+    import onnx
+
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    return onnx.load(str(path))
+
+
+def print_streams(label: str, first: dict[str, Any]) -> None:
+    for name, rate in first["per_s"].items():
+        print(f"  {name}: {rate:.1f} requests/s")
+    print(f"{label}: median of {len(first['rounds'])} rounds: first stream {first['first_vs_best_raw']:.2f}x the "
+          f"better warm raw baseline (rounds {' '.join(f'{r:.2f}' for r in first['first_per_round'])}; fastest "
+          f"passes {first['fastest_first_vs_fastest_raw']:.2f}x); from construction on both sides "
+          f"{first['built_vs_best_raw_built']:.2f}x; steady {first['steady_vs_best_raw']:.2f}x "
+          f"(rounds {' '.join(f'{r:.2f}' for r in first['steady_per_round'])})", flush=True)
 
 
 def main() -> None:
@@ -294,6 +318,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="interleaved rounds of the overhead timing")
     parser.add_argument("--stream-rounds", type=int, default=3, help="rounds of the first-stream comparison")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--light", nargs="+", choices=list(LIGHT_MODELS), default=list(LIGHT_MODELS),
+                        help="onnx light models of the light_streams section")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     light = zoo.mobilenet_v2(size=96, width_mult=0.5, classes=100)
@@ -326,14 +352,14 @@ def main() -> None:
                   f"over its own executable {r['layers_overhead']:+.1%} ({r['layers_us']:+.2f} us){cpu}", flush=True)
     if "first_stream" in args.only:
         results["first_stream"] = first_stream(light_model, light, args.requests, args.threads, args.stream_rounds)
-        first = results["first_stream"]
-        for label, rate in first["per_s"].items():
-            print(f"  {label}: {rate:.1f} requests/s")
-        print(f"median of {len(first['rounds'])} rounds: first stream {first['first_vs_best_raw']:.2f}x the better "
-              f"warm raw baseline (rounds {' '.join(f'{r:.2f}' for r in first['first_per_round'])}; fastest "
-              f"passes {first['fastest_first_vs_fastest_raw']:.2f}x); from "
-              f"construction on both sides {first['built_vs_best_raw_built']:.2f}x; steady "
-              f"{first['steady_vs_best_raw']:.2f}x")
+        print_streams("bench MobileNetV2", results["first_stream"])
+    if "light_streams" in args.only:
+        results["light_streams"] = {}
+        for name in args.light:
+            proto = light_onnx(name)
+            results["light_streams"][name] = first_stream(ei.convert(proto), proto, LIGHT_MODELS[name],
+                                                          args.threads, args.stream_rounds)
+            print_streams(f"light {name}", results["light_streams"][name])
     results["load_after"] = os.getloadavg()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in results['load_after'])}")
     if args.json:
