@@ -1,8 +1,11 @@
-"""The backend interface the scheduler and ``Session`` program against.
+"""The backend interface the runtime and ``Session`` program against.
 
-A backend says which nodes it can run (``supports`` returns None or the reason it cannot),
-compiles a self-contained graph once (``compile``) and returns an ``Executable`` that runs
-it many times. ``Executable.thread_safe`` tells the scheduler whether one executable may be
+A backend claims the nodes of a graph it takes (``claim``: node index -> the reason for each
+node it does not take; by default ``supports`` asked node by node, as onnxruntime's
+GetCapability answers for a whole graph), compiles a self-contained graph once (``compile``)
+and returns an ``Executable`` that runs it many times. A claim is authoritative: a part made
+of claimed nodes must compile; the runtime re-partitions one that does not as a safety net,
+says so, and ``tests/backends/test_claims.py`` treats it as a bug of that backend. ``Executable.thread_safe`` tells the scheduler whether one executable may be
 called from several threads at once (onnxruntime: yes; a TFLite interpreter: no, so the
 scheduler compiles one per worker thread).
 
@@ -109,14 +112,21 @@ class Backend(ABC):
         device, where the backend measured it; the planner uses a documented default elsewhere."""
         return {}
 
-    def unsupported(self, graph: Graph) -> dict[str, str]:
-        """node label -> reason, for every node this backend cannot run."""
-        reasons = {}
-        for node in graph.nodes:
+    def claim(self, graph: Graph) -> dict[int, str]:
+        """What this backend does not take of ``graph``: node index -> why (the rest it takes,
+        and must compile). Asked once per graph by the partitioner; the default asks
+        ``supports`` node by node. A backend that judges nodes together (fusions, shapes known
+        only across nodes) overrides it."""
+        refused = {}
+        for index, node in enumerate(graph.nodes):
             reason = self.supports(node, graph)
             if reason is not None:
-                reasons[node.label] = reason
-        return reasons
+                refused[index] = reason
+        return refused
+
+    def unsupported(self, graph: Graph) -> dict[str, str]:
+        """node label -> reason, for every node this backend cannot run (its ``claim``, by label)."""
+        return {graph.nodes[index].label: reason for index, reason in self.claim(graph).items()}
 
 
 # In the order ``backend="auto"`` and the partitioner prefer them; numpy, the reference that

@@ -47,6 +47,7 @@ from edgeinfer.ir.onnx_io import (
 )
 
 from .int8 import EXACT_REWRITE, exact_weights, graph_integer_path
+from .kernels import kernel_reason
 from .lowerings import find_lowering, lower_graph
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
@@ -190,7 +191,8 @@ class OnnxRuntimeBackend(Backend):
         if node.domain not in _STANDARD_DOMAINS:
             return (f"op {node.domain}::{node.op_type} is outside the standard ONNX domains and has no "
                     "onnxruntime lowering")
-        return schema_reason(node, graph)
+        # every node an execution provider does not take runs on the CPU provider: its kernels decide
+        return schema_reason(node, graph) or kernel_reason(node, graph)
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> OnnxRuntimeExecutable:
         options = options or CompileOptions()

@@ -133,7 +133,7 @@ class OpenVinoBackend(Backend):
         self.device = {name: key for key, name in DEVICE_NAMES.items()}.get(kind, device)
 
     def supports(self, node: Node, graph: Graph) -> str | None:
-        reason = _static_reason(node, graph) or _float64_reason(node, graph)
+        reason = _static_reason(node, graph) or _float64_reason(node, graph) or _rank_reason(node, graph)
         if reason is not None or node.domain == EDGEINFER_DOMAIN:  # lowered ops are standard ONNX
             return reason
         return node_reason(node, graph, self.device_name, core().query_model)
@@ -264,6 +264,8 @@ def _float64_reason(node: Node, graph: Graph) -> str | None:
         value = graph.values.get(name) if name else None
         if value is not None and value.dtype == "float64":
             return f"value {name!r} is float64, which OpenVINO computes in float32"
+        if value is not None and value.dtype == "str":
+            return f"value {name!r} holds strings, which OpenVINO's CPU plugin does not compute with"
     return None
 
 
@@ -272,6 +274,19 @@ def _static_reason(node: Node, graph: Graph) -> str | None:
         return None if find_lowering(node, graph) is not None else (
             f"op {node.domain}::{node.op_type} has no lowering to standard ONNX ops for OpenVINO")
     return _schema_reason(node, graph)
+
+
+def _rank_reason(node: Node, graph: Graph) -> str | None:
+    """OpenVINO's plugins compile no value of unknown rank ("doesn't support Parameter operation
+    with dynamic rank"), though ``query_model`` of the node alone takes it."""
+    for name in (*node.inputs, *node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is not None and value.const is None and value.shape is None:
+            return f"value {name!r} has no known rank (OpenVINO compiles only values of known rank)"
+    if (node.op_type in ("Squeeze", "Unsqueeze") or node.op_type.startswith("Reduce")) and len(node.inputs) > 1 \
+            and node.inputs[1] and graph.values[node.inputs[1]].const is None:
+        return f"{node.op_type} axes computed at run time: OpenVINO cannot tell the output's rank"
+    return None
 
 
 def _plain(value: Any) -> Any:

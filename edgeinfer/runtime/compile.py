@@ -85,7 +85,8 @@ def compile(graph: Graph, backends: Sequence[Backend], *, executor: str = "seque
             culprits = probe_compile(part, by_name[part.backend]) or {
                 i: f"failed to compile: {first_line(failure.cause, 300)}" for i in part.nodes}
             note = bar(excluded, graph, part.backend, culprits)
-            log.warning("re-partitioned: %s", note)
+            log.warning("re-partitioned: %s (%s claimed nodes it could not compile: a bug in its claim)",
+                        note, part.backend)
             if notes is not None:
                 notes.append(note)
 

@@ -1,6 +1,6 @@
 """Capability-based partitioning: which backend runs each node, and the subgraphs that follow.
 
-1. ``assign``: every node goes to the first backend, in priority order, whose ``supports``
+1. ``assign``: every node goes to the first backend, in priority order, whose ``claim``
    accepts it; the numpy reference (which runs everything ONNX defines) is always the last
    resort. The reasons the earlier backends gave are kept, so a plan can say why a node fell
    back. A node computing from constants alone (a weight's DequantizeLinear) then follows its
@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from edgeinfer.backend import Backend, part_note
@@ -56,7 +56,7 @@ class Part:
 
 def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
            excluded: Mapping[int, Mapping[str, str]] | None = None) -> Assignment:
-    """Place every node on the first backend of ``backends`` that supports it.
+    """Place every node on the first backend of ``backends`` that claims it (``Backend.claim``).
 
     ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
     a pinned backend that cannot run its node is a ``BackendError``. ``excluded`` (node index
@@ -66,6 +66,13 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
     """
     excluded = excluded or {}
     by_name = {b.name: b for b in backends}
+    claims: dict[str, dict[int, str]] = {}  # backend -> what it does not take (``Backend.claim``), asked once
+
+    def refused(name: str, index: int) -> str | None:
+        if name not in claims:
+            claims[name] = by_name[name].claim(graph)
+        return claims[name].get(index)
+
     placed: list[str] = []
     declined: dict[int, dict[str, str]] = {}
     for index, node in enumerate(graph.nodes):
@@ -74,7 +81,7 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
             if name not in by_name:
                 raise BackendError(f"{node.label} pinned to backend {name!r}, which is not among "
                                    f"{list(by_name)}")
-            reason = by_name[name].supports(node, graph)
+            reason = refused(name, index)
             if reason is not None:
                 raise BackendError(f"{node.label} pinned to backend {name!r}, which cannot run it: {reason}")
             placed.append(name)
@@ -82,7 +89,7 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
         reasons: dict[str, str] = {}
         barred = excluded.get(index, {})
         for backend in backends:
-            reason = barred.get(backend.name) or backend.supports(node, graph)
+            reason = barred.get(backend.name) or refused(backend.name, index)
             if reason is None:
                 placed.append(backend.name)
                 break
@@ -93,11 +100,11 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
         if reasons:
             declined[index] = reasons
     held = {i for i, name in (pinned or {}).items() if name not in excluded.get(i, {})}
-    _follow_consumers(graph, by_name, placed, held, excluded)
+    _follow_consumers(graph, refused, placed, held, excluded)
     return Assignment(placed, declined)
 
 
-def _follow_consumers(graph: Graph, by_name: Mapping[str, Backend], placed: list[str], pinned: set[int],
+def _follow_consumers(graph: Graph, refused: Callable[[str, int], str | None], placed: list[str], pinned: set[int],
                       excluded: Mapping[int, Mapping[str, str]]) -> None:
     """A node that reads only constants (a weight's DequantizeLinear, a Cast or Transpose of one)
     moves to the backend of its readers when they all sit on one that runs it: placed apart from
@@ -119,7 +126,7 @@ def _follow_consumers(graph: Graph, by_name: Mapping[str, Backend], placed: list
             continue
         target = targets.pop()
         if target != placed[index] and target not in excluded.get(index, {}) \
-                and by_name[target].supports(node, graph) is None:
+                and refused(target, index) is None:
             placed[index] = target
 
 

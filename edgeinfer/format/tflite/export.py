@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError, UnsupportedOpError
+from edgeinfer.format.tflite import schema
 from edgeinfer.format.tflite.writer import Quantization
-from edgeinfer.ir import Graph, Node
+from edgeinfer.ir import Graph, Node, dtypes
 from edgeinfer.registry import OpRegistry
 
 if TYPE_CHECKING:
@@ -101,11 +102,16 @@ def find_rule(node: Node, graph: Graph) -> ExportRule | None:
 def node_support(node: Node, graph: Graph) -> str | None:
     """None if the exporter can write ``node``, else the reason it cannot (cheap)."""
     if node.domain == "" and node.op_type in FOLDED_OPS:
+        if any(name in graph.output_names for name in node.outputs):
+            return "a constant graph output: TFLite computes every output with an operator"
         return None
-    refused = _unknown_rank(node, graph) or _wide_float(node, graph) or _integer_kernel(node, graph)
+    refused = _unknown_rank(node, graph) or _tensor_types(node, graph) or _wide_float(node, graph) \
+        or _integer_kernel(node, graph)
     if refused is not None:
         return refused
     if node.domain == "" and node.op_type in RELABELLING_OPS:
+        if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1]:
+            return "Dropout's mask output has no TFLite tensor to relabel"
         return None
     if node.domain == "" and node.op_type in QUANTIZE_OPS:
         return _check_quantize(node, graph)
@@ -122,6 +128,16 @@ def node_support(node: Node, graph: Graph) -> str | None:
         if name and value is not None and value.dtype is not None and value.dtype not in _TFLITE_DTYPES:
             return f"output {name!r} has dtype {value.dtype}, which TFLite tensors cannot hold"
     return entry.check(node, graph) if entry.check is not None else None
+
+
+def _tensor_types(node: Node, graph: Graph) -> str | None:
+    """A value of a dtype no TFLite tensor holds (bfloat16, int2, int4, float8...)."""
+    for name in (*node.inputs, *node.outputs):
+        value = graph.values.get(name) if name else None
+        if value is not None and value.dtype is not None and value.dtype not in schema.TENSOR_TYPE_CODES \
+                and dtypes.is_tensor_type(value.dtype):
+            return f"value {name!r} has dtype {value.dtype}, which TFLite tensors cannot hold"
+    return None
 
 
 def _unknown_rank(node: Node, graph: Graph) -> str | None:

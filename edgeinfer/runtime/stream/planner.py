@@ -164,6 +164,7 @@ def plan_stages(compiled: CompiledPlan, feeds: Mapping[str, Any], *, stages: int
     for index, candidate in enumerate(built):
         if index != best:
             close_stages(candidate.stages)
+    built[best].facts["served"] = True
     return _final(compiled, built[best], workers, [c.facts for c in built])
 
 

@@ -120,7 +120,8 @@ class StagePlan:
             if "threads" in candidate:
                 on += f" (the compiled plan, {candidate['threads']} threads)"
             lines.append(f"  considered {candidate['stages']} stage(s) x {candidate['replicas']}{on}: predicted "
-                         f"{candidate['predicted']:.1f}/s" + (f", measured {measured:.1f}/s" if measured else ""))
+                         f"{candidate['predicted']:.1f}/s" + (f", measured {measured:.1f}/s" if measured else "")
+                         + (" (served)" if candidate.get("served") else ""))
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -134,7 +134,8 @@ def test_run_failure_names_the_node():
 def test_compile_failure_names_the_node(node, inputs, constants):
     graph = Graph([node], [Value(name, "float32", (2, 3)) for name in inputs], [Value("y", "float32", None)],
                   constants, opset={"": 17})
-    with pytest.raises(ei.BackendError, match=rf"could not compile.*bad_node.*{node.op_type}|"
+    # refused by the claim (no CPU kernel for float + int64) or by onnxruntime's compile (perm)
+    with pytest.raises(ei.BackendError, match=rf"(could not compile|cannot run 1 node).*bad_node.*{node.op_type}|"
                                               rf"could not compile.*{node.op_type}.*bad_node"):
         get_backend("onnxruntime").compile(graph, CompileOptions())
 

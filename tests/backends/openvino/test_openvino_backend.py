@@ -274,14 +274,14 @@ def test_an_op_without_a_conversion_rule_is_refused_by_supports_and_compile():
 def test_a_conversion_that_fails_on_these_input_types_gives_openvinos_reason():
     node = Node("Col2Im", ["x", "size", "block"], ["y"], name="col2im")
     graph = Graph([node], [Value("x", "float32", (1, 4, 9)), Value("size", "float32", (2,)),
-                           Value("block", "float32", (2,))], [Value("y", "float32", None)], opset={"": 18})
+                           Value("block", "float32", (2,))], [Value("y", "float32", (1, 1, 4, 4))], opset={"": 18})
     backend = get_backend("openvino")
     reason = backend.supports(node, graph)
     assert "Col2Im" in reason and "i64" in reason
     with pytest.raises(ei.BackendError, match=r"'col2im' \(Col2Im\)"):
         backend.compile(graph, CompileOptions())
     typed = Graph([node], [Value("x", "float32", (1, 4, 9)), Value("size", "int64", (2,)),
-                           Value("block", "int64", (2,))], [Value("y", "float32", None)], opset={"": 18})
+                           Value("block", "int64", (2,))], [Value("y", "float32", (1, 1, 4, 4))], opset={"": 18})
     assert backend.supports(typed.nodes[0], typed) is None
 
 

@@ -140,7 +140,18 @@ def _binary(opcode: str):
 
 
 def check_binary(node: Node, graph: Graph) -> str | None:
-    ranks = [graph.values[name].rank for name in node.inputs if name]
+    operands = [name for name in node.inputs if name]
+    if len(operands) != 2:
+        return f"{node.op_type} of {len(operands)} input(s): the TFLite operator takes two"
+    return _check_operands(operands, graph)
+
+
+def _check_operands(operands: list[str], graph: Graph) -> str | None:
+    """One dtype, known ranks up to TFLite's broadcasting limit."""
+    kinds = {graph.values[name].dtype for name in operands}
+    if len(kinds) > 1:
+        return f"operands of different dtypes ({', '.join(sorted(map(str, kinds)))}): TFLite's kernel takes one"
+    ranks = [graph.values[name].rank for name in operands]
     if any(rank is None for rank in ranks):
         return "operand ranks must be known"
     if max(ranks, default=0) > 6:
@@ -161,7 +172,7 @@ def check_sum(node: Node, graph: Graph) -> str | None:
     if len(terms) > 2 and any(graph.values[name].shape != graph.values[node.outputs[0]].shape for name in terms):
         return (f"a Sum of {len(terms)} inputs is ADD_N, which does not broadcast; expected every input of the "
                 f"output's shape, found {[graph.values[name].shape for name in terms]}")
-    return check_binary(node, graph)
+    return _check_operands(terms, graph)
 
 
 _add = _binary("ADD")
