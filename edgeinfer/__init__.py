@@ -5,6 +5,8 @@ best backend for each part.
     model = ei.convert("model.onnx")
     model.save("model.eim")
     sess = ei.Session(ei.load("model.eim"), backend="numpy", threads=2)
+    ei.compile(model, "model.eim", backend="auto")   # plan and engine artifacts, decided here
+    sess = ei.Session("model.eim")                     # on the device: built from them
     outputs = sess.run({"input": x})
     ei.export(model, "model.tflite")   # or "model.onnx"
 """
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from edgeinfer.ir import Graph, Node, Value
     from edgeinfer.model import Model, TensorInfo
     from edgeinfer.quantize import quantize
+    from edgeinfer.runtime.aot_compile import compile_model as compile
     from edgeinfer.runtime.options import AutoOptions, RayOptions, RunOptions, StreamOptions
     from edgeinfer.runtime.session import Session
 
@@ -38,14 +41,16 @@ if TYPE_CHECKING:
 _LAZY = {"convert": "edgeinfer.api", "export": "edgeinfer.api", "load": "edgeinfer.api",
          "quantize": "edgeinfer.quantize", "Session": "edgeinfer.runtime.session", "Model": "edgeinfer.model",
          "TensorInfo": "edgeinfer.model", "Graph": "edgeinfer.ir", "Node": "edgeinfer.ir", "Value": "edgeinfer.ir",
-         **dict.fromkeys(("RunOptions", "AutoOptions", "StreamOptions", "RayOptions"), "edgeinfer.runtime.options")}
+         **dict.fromkeys(("RunOptions", "AutoOptions", "StreamOptions", "RayOptions"), "edgeinfer.runtime.options"),
+         "compile": "edgeinfer.runtime.aot_compile"}
+_RENAMED = {"compile": "compile_model"}  # ei.compile is aot.compile_model (runtime.compile compiles parts)
 
 
 def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'edgeinfer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
     globals()[name] = value
     return value
 
@@ -68,6 +73,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "convert",
+    "compile",
     "export",
     "load",
     "quantize",

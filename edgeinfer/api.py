@@ -11,7 +11,6 @@ from typing import Any
 
 from edgeinfer.errors import InputError, ModelFormatError, ModelValidationError, UnsupportedOpError
 from edgeinfer.ir import Graph, Value
-from edgeinfer.ir.infer import infer_types
 from edgeinfer.model import Model
 from edgeinfer.progress import Steps, steps
 
@@ -121,6 +120,8 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
     the steps as they go, with sizes: the read of external data (ONNX), each round of passes,
     the weight check.
     """
+    from edgeinfer.ir.infer import infer_types
+
     name = detect_frontend(source)
     frontend = _frontend(name)
     parameters = inspect.signature(frontend.convert).parameters

@@ -41,6 +41,21 @@ class CompileOptions:
     # executors): an engine's idle worker threads must then sleep rather than spin.
     busy_wait: bool = True
     engine_options: dict[str, Any] = field(default_factory=dict)  # backend-specific
+    # the engine-ready form of this very graph made ahead of time (``edgeinfer compile``): a
+    # backend that knows the kind builds from it instead of exporting the graph again
+    artifact: Artifact | None = None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """An engine-ready form of a compiled part, stored in a compiled ``.eim``
+    (``edgeinfer.runtime.aot``): ``kind`` names the form (``"onnx"``: onnxruntime's model bytes,
+    ``"tflite"``: a flatbuffer), ``data`` its bytes (a read-only view into the mapped file),
+    ``facts`` what the engine needs beside them (JSON values)."""
+
+    kind: str
+    data: Any
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 class Executable(ABC):
@@ -88,6 +103,12 @@ class Executable(ABC):
         The scheduler calls it on every executable it compiled once it is done with it."""
         return None  # an engine holding nothing outside Python objects has nothing to release
 
+    def artifact(self, source: Graph) -> Artifact | None:
+        """What to store ahead of time so that ``compile`` of ``source`` (the graph this was
+        compiled from) with ``CompileOptions(artifact=...)`` skips the export; None where the
+        engine has no such form (it compiles from the IR at load)."""
+        return None
+
 
 class Backend(ABC):
     name: str = "?"
@@ -100,6 +121,10 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, graph: Graph, options: CompileOptions) -> Executable:
         """Prepare ``graph`` (self-contained, typed) for repeated runs."""
+
+    def engine_version(self) -> str | None:
+        """The engine's version, which an artifact must match to be used (None: no artifacts)."""
+        return None
 
     def value_device(self) -> str:
         """Where the values its executables hand on live: ``"cpu"`` (the host) for an engine

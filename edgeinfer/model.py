@@ -29,6 +29,7 @@ class Model:
     def __init__(self, graph: Graph, metadata: dict[str, str] | None = None):
         self.graph = graph
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.compiled: Any = None  # a compiled .eim's plan and artifacts (edgeinfer.format.compiled)
 
     @property
     def inputs(self) -> list[TensorInfo]:

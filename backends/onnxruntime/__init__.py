@@ -28,8 +28,17 @@ from edgeinfer.backends.onnxruntime.backend import (
     device_providers,
 )
 from edgeinfer.backends.onnxruntime.int8 import graph_integer_path, integer_path, saturates
-from edgeinfer.backends.onnxruntime.lowerings import LOWERINGS, lower_graph, lowering
 from edgeinfer.ir import Graph
+
+_LOWERINGS = ("LOWERINGS", "lower_graph", "lowering")  # imported on first use: lowering imports onnx
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOWERINGS:
+        from edgeinfer.backends.onnxruntime import lowerings
+
+        return getattr(lowerings, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OnnxRuntimeBackend:
@@ -38,6 +47,8 @@ def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_opti
 
 def describe_part(graph: Graph) -> str | None:
     """What the plan says of a part placed here: the integer path of its int8 products."""
+    from edgeinfer.backends.onnxruntime.lowerings import lower_graph
+
     path = graph_integer_path(lower_graph(graph))
     return None if path is None else f"int8 {path}"
 

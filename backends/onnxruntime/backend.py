@@ -31,24 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
-from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backend import Artifact, Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.backends.common import first_line, merged_options, missing_device, refuse_unsupported
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.mapped import FileSpan, file_span
-from edgeinfer.ir.onnx_io import (
-    array_to_tensor,
-    external_placeholder,
-    graph_to_model,
-    name_exported_nodes,
-    schema_reason,
-)
 
-from .int8 import EXACT_REWRITE, exact_weights, graph_integer_path
-from .kernels import kernel_reason
-from .lowerings import find_lowering, lower_graph
+from .int8 import EXACT_REWRITE
 
 DEFAULT_PROVIDERS = ("CPUExecutionProvider",)
 # Accelerator providers per device, in order of preference (names from onnxruntime's docs).
@@ -82,6 +72,7 @@ ENGINE_OPTIONS = ("providers", "provider_options", "optimization_level", "sessio
 PREPACK_AUTO_LIMIT = 1 << 30
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
 FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
+ARTIFACT_KIND = "onnx"  # the ahead-of-time form (artifact.py)
 log = logging.getLogger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
 _CONTRIB_OPS = {("com.microsoft", "MatMulNBits")}  # onnxruntime's own ops that edgeinfer writes
@@ -119,11 +110,11 @@ def _closed_run(*_: Any) -> list:
 class OnnxRuntimeExecutable(Executable):
     thread_safe = True  # InferenceSession.run is documented as safe to call concurrently
 
-    def __init__(self, graph: Graph, session: Any, node_names: Mapping[str, Node],
+    def __init__(self, graph: Graph, session: Any, node_names: Mapping[str, str],
                  external: Sequence[Any], integer_path: str | None = None, weights: WeightRoutes | None = None):
         super().__init__(graph)
         self.session = session
-        self._node_names = dict(node_names)
+        self._node_names = dict(node_names)  # onnxruntime's node name -> the IR node's label
         self._external = list(external)  # keep the buffers onnxruntime reads in place alive
         self.integer_path = integer_path  # how its int8 products are computed here (see int8.py)
         self.weights = weights or WeightRoutes()
@@ -163,6 +154,14 @@ class OnnxRuntimeExecutable(Executable):
         self._run = _closed_run
         self._external = []
 
+    def artifact(self, source: Graph) -> Artifact | None:
+        """The exported model, its weights left in the ``.eim`` (``artifact.py``)."""
+        if self.session is None or self.session.get_providers() != list(DEFAULT_PROVIDERS):
+            return None  # an accelerator's session: compiled from the IR on the device
+        from .artifact import make_artifact
+
+        return make_artifact(source, self)
+
     def stats(self) -> dict[str, Any]:
         options = self.session_options
         return {"providers": self.session.get_providers(),
@@ -186,6 +185,11 @@ class OnnxRuntimeBackend(Backend):
         _providers(_ort(), self.engine_options)  # fail at creation on an unavailable provider
 
     def supports(self, node: Node, graph: Graph) -> str | None:
+        from edgeinfer.ir.onnx_io import schema_reason
+
+        from .kernels import kernel_reason
+        from .lowerings import find_lowering
+
         if find_lowering(node, graph) is not None or (node.domain, node.op_type) in _CONTRIB_OPS:
             return None
         if node.domain not in _STANDARD_DOMAINS:
@@ -194,9 +198,18 @@ class OnnxRuntimeBackend(Backend):
         # every node an execution provider does not take runs on the CPU provider: its kernels decide
         return schema_reason(node, graph) or kernel_reason(node, graph)
 
+    def engine_version(self) -> str:
+        return _ort().__version__
+
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> OnnxRuntimeExecutable:
         options = options or CompileOptions()
         engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
+        artifact = options.artifact
+        if artifact is not None and artifact.kind == ARTIFACT_KIND and self.device == "cpu":
+            return self._from_artifact(graph, artifact, options, engine)
+        from .int8 import exact_weights, graph_integer_path
+        from .lowerings import lower_graph
+
         refuse_unsupported("onnxruntime", graph.name, self.unsupported(graph))
         graph = lower_graph(graph)
         # the probe measures the CPU provider's kernels; an accelerator's are its own
@@ -205,27 +218,48 @@ class OnnxRuntimeBackend(Backend):
             graph, rewritten = exact_weights(graph)
             log.debug("onnxruntime: int8 weights of %d node(s) of graph %r as uint8 (zero point + 128)",
                       len(rewritten), graph.name)
+        return self._build(graph, lambda files: _export(graph, files), options, engine, integer_path)
+
+    def _from_artifact(self, graph: Graph, artifact: Artifact, options: CompileOptions,
+                       engine: Mapping[str, Any]) -> OnnxRuntimeExecutable:
+        """Build from the stored model bytes: no export, no onnx import (``artifact.py``)."""
+        from .artifact import assemble
+
+        labels = dict(artifact.facts["nodes"])
+        executable = self._build(graph, lambda files: (*assemble(artifact, graph, files), labels), options, engine,
+                                 artifact.facts.get("integer_path"))
+        inputs = sorted(i.name for i in executable.session.get_inputs())
+        if inputs != sorted(graph.input_names) or executable._session_outputs != list(graph.output_names):
+            executable.close()
+            raise BackendError(f"the artifact of graph {graph.name!r} takes {inputs} and gives "
+                               f"{executable._session_outputs}: expected {sorted(graph.input_names)} and "
+                               f"{list(graph.output_names)} (an artifact of another part)")
+        return executable
+
+    def _build(self, graph: Graph, export: Callable[[bool | str], tuple[bytes, WeightRoutes, dict[str, str]]],
+               options: CompileOptions, engine: Mapping[str, Any], integer_path: str | None) -> OnnxRuntimeExecutable:
+        """The executable of the model ``export(files)`` gives (its bytes, weight routes and node
+        labels; ``files``: True to reference mapped files, else why not)."""
         try:
-            session, node_names, external, routes = self._session(graph, options, engine, files=True)
+            session, node_names, external, routes = self._session(graph, export(True), options, engine)
         except BackendError as exc:
             if "xternal" not in str(exc):  # not about reading external data: the same without files
                 raise
             log.warning("onnxruntime: %s; graph %r's weights are handed over in memory instead", exc, graph.name)
-            session, node_names, external, routes = self._session(graph, options, engine,
-                                                                  files="onnxruntime refused the file references")
+            session, node_names, external, routes = self._session(
+                graph, export("onnxruntime refused the file references"), options, engine)
         if routes.files and not all(span.unchanged() for span in routes.files):
             # the file was replaced while onnxruntime read it: its bytes may not be these weights
             log.warning("onnxruntime: %s changed while graph %r was compiled; its weights are handed over in "
                         "memory instead", routes.folder, graph.name)
             session = None
-            session, node_names, external, routes = self._session(graph, options, engine,
-                                                                  files="the file changed while compiling")
+            session, node_names, external, routes = self._session(
+                graph, export("the file changed while compiling"), options, engine)
         return OnnxRuntimeExecutable(graph, session, node_names, external, integer_path, routes)
 
-    def _session(self, graph: Graph, options: CompileOptions, engine: Mapping[str, Any],
-                 files: bool | str) -> tuple[Any, dict[str, Node], list[Any], WeightRoutes]:
-        """The session; ``files``: True to reference mapped files, else why not (a reason)."""
-        model, node_names, routes = _export(graph, files)
+    def _session(self, graph: Graph, exported: tuple[bytes, WeightRoutes, dict[str, str]], options: CompileOptions,
+                 engine: Mapping[str, Any]) -> tuple[Any, dict[str, str], list[Any], WeightRoutes]:
+        model_bytes, routes, node_names = exported
         ort = _ort()
         session_options = _session_options(ort, options, engine)
         handed = routes.bytes("file") + routes.bytes("memory")
@@ -242,7 +276,7 @@ class OnnxRuntimeBackend(Backend):
                      "them): %s", routes.bytes("memory") / 2**30, graph.name, routes.why_memory())
         providers, provider_options = _providers(ort, engine)
         try:
-            session = ort.InferenceSession(model.SerializeToString(), session_options,
+            session = ort.InferenceSession(model_bytes, session_options,
                                            providers=providers, provider_options=provider_options)
         except Exception as exc:
             raise BackendError(f"onnxruntime could not compile graph {graph.name!r}"
@@ -281,11 +315,19 @@ class WeightRoutes:
         return out
 
 
-def _export(graph: Graph, files: bool | str = True) -> tuple[onnx.ModelProto, dict[str, Node], WeightRoutes]:
-    """The model to hand to onnxruntime, node name -> IR node, and how each initializer gets
-    there (see ``WeightRoutes``; ``files`` not True: none by file reference, and why not)."""
+def _export(graph: Graph, files: bool | str = True) -> tuple[bytes, WeightRoutes, dict[str, str]]:
+    """The model bytes to hand to onnxruntime, how each initializer gets there (see
+    ``WeightRoutes``; ``files`` not True: none by file reference, and why not), and exported
+    node name -> IR node label."""
+    from edgeinfer.ir.onnx_io import (
+        array_to_tensor,
+        external_placeholder,
+        graph_to_model,
+        name_exported_nodes,
+    )
+
     model = graph_to_model(graph, include_initializers=False, value_info=False)
-    node_names = name_exported_nodes(model, graph)
+    node_names = {name: node.label for name, node in name_exported_nodes(model, graph).items()}
     routes = WeightRoutes()
     big = {name: array for name, array in graph.initializers.items()
            if array.dtype.kind in _SHAREABLE_KINDS and array.nbytes >= EXTERNAL_MIN_BYTES}
@@ -300,7 +342,8 @@ def _export(graph: Graph, files: bool | str = True) -> tuple[onnx.ModelProto, di
             routes.files.append(span)
             routes.add("file", span.nbytes)
         elif name in big:
-            model.graph.initializer.append(_external_placeholder(name, array))
+            # never read: the array itself is supplied at session build (add_external_initializers)
+            model.graph.initializer.append(external_placeholder(name, array, {"location": "edgeinfer-in-memory"}))
             routes.names.append(name)
             routes.arrays.append(np.ascontiguousarray(array))
             routes.add("memory", array.nbytes)
@@ -309,12 +352,7 @@ def _export(graph: Graph, files: bool | str = True) -> tuple[onnx.ModelProto, di
         else:
             model.graph.initializer.append(array_to_tensor(array, name))
             routes.add("protobuf", array.nbytes)
-    return model, node_names, routes
-
-
-def _external_placeholder(name: str, array: np.ndarray) -> onnx.TensorProto:
-    # never read: the array itself is supplied at session build (add_external_initializers)
-    return external_placeholder(name, array, {"location": "edgeinfer-in-memory"})
+    return model.SerializeToString(), routes, node_names
 
 
 def _raw_span(array: np.ndarray) -> FileSpan | None:
@@ -457,7 +495,7 @@ def _providers(ort: Any, engine: Mapping[str, Any]) -> tuple[list[Any], list[dic
     return providers, provider_options
 
 
-def _where(exc: BaseException, node_names: Mapping[str, Node]) -> str:
+def _where(exc: BaseException, node_names: Mapping[str, str]) -> str:
     """`` at node 'conv1' (Conv)`` when onnxruntime's message names a node, else ``""``."""
     text = str(exc)
     for pattern in _NODE_PATTERNS:
@@ -470,7 +508,7 @@ def _where(exc: BaseException, node_names: Mapping[str, Node]) -> str:
             parts = [known for known in node_names if known and known in name]
             node = node_names[max(parts, key=len)] if parts else None
         if node is not None:
-            return f" at {node.label}"
+            return f" at {node}"
         op = match.groupdict().get("op")
         return f" at node {name!r}" + (f" ({op})" if op else "")
     return ""

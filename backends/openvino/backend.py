@@ -20,22 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backend import Artifact, Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.backends.common import merged_options, missing_device, refuse_unsupported
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.graph import EDGEINFER_DOMAIN
-from edgeinfer.ir.lowering import find_lowering, lower_graph
-from edgeinfer.ir.onnx_io import schema_reason
-
-from .convert import backend_error, export, memory_external_data_supported, read_onnx
-from .int8 import exact_graph, float_transposed_conv_weights, own_quantization_parameters
-from .support import node_reason
 
 DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 PRECISIONS = ("f32", "bf16", "f16")
 ENGINE_OPTIONS = ("performance_hint", "precision", "device_name", "config")
+ARTIFACT_KIND = "openvino"  # the ahead-of-time form: the compiled model as ``export_model`` writes it
 _COMPOSITE_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")
 log = logging.getLogger("edgeinfer.backends.openvino")
@@ -86,6 +81,8 @@ class OpenVinoExecutable(Executable):
         try:
             results = self._request().infer(used, share_inputs=True, share_outputs=False)
         except Exception as exc:  # OpenVINO raises RuntimeError and its own pybind types
+            from .convert import backend_error
+
             shapes = {name: getattr(array, "shape", None) for name, array in feeds.items()}
             raise backend_error("failed to run", self.graph, exc, self._names,
                                 f" with inputs {shapes}") from exc
@@ -97,11 +94,22 @@ class OpenVinoExecutable(Executable):
         self._ports = []
         self._buffers = []
 
+    def artifact(self, source: Graph) -> Artifact | None:
+        """The compiled model (``export_model``): imported at load with no conversion and no
+        onnx import; CPU only (a GPU or NPU blob is its driver's)."""
+        if self.compiled is None or self.device_name != "CPU":
+            return None
+        labels = {name: getattr(node, "label", str(node)) for name, node in self._names.items()}
+        return Artifact(ARTIFACT_KIND, self.compiled.export_model().getvalue(),
+                        {"nodes": labels, "integer_path": self.integer_path})
+
     def property(self, name: str) -> Any:
         """A property of the compiled model (``INFERENCE_NUM_THREADS``, ``NUM_STREAMS`` ...)."""
         return self.compiled.get_property(name)
 
     def stats(self) -> dict[str, Any]:
+        from .convert import memory_external_data_supported
+
         facts: dict[str, Any] = {"device": self.device_name, "in_memory_weights": memory_external_data_supported(),
                                  "integer_path": self.integer_path}
         for key, name in (("execution_devices", "EXECUTION_DEVICES"), ("inference_num_threads", "INFERENCE_NUM_THREADS"),
@@ -132,7 +140,14 @@ class OpenVinoBackend(Backend):
         kind = self.device_name.split(":")[0].split(".")[0]  # "GPU.1" -> GPU; "AUTO:GPU,CPU" -> AUTO
         self.device = {name: key for key, name in DEVICE_NAMES.items()}.get(kind, device)
 
+    def engine_version(self) -> str:
+        import openvino
+
+        return openvino.__version__
+
     def supports(self, node: Node, graph: Graph) -> str | None:
+        from .support import node_reason
+
         reason = _static_reason(node, graph) or _float64_reason(node, graph) or _rank_reason(node, graph)
         if reason is not None or node.domain == EDGEINFER_DOMAIN:  # lowered ops are standard ONNX
             return reason
@@ -145,6 +160,14 @@ class OpenVinoBackend(Backend):
         if options.engine_options.get("device_name"):
             device_name = resolve_device(engine["device_name"], core().available_devices, self.fallback)
         threads = _check_threads(options.threads)
+        if options.artifact is not None and options.artifact.kind == ARTIFACT_KIND and device_name == "CPU":
+            return _imported(graph, options.artifact, compile_config(device_name, engine, threads, options.debug,
+                                                                     shared_cores=not options.busy_wait))
+        from edgeinfer.ir.lowering import lower_graph
+
+        from .convert import backend_error, export, read_onnx
+        from .int8 import exact_graph, float_transposed_conv_weights, own_quantization_parameters
+
         refuse_unsupported("openvino", graph.name,
                            [(n.label, r) for n in graph.nodes if (r := _static_reason(n, graph)) is not None])
         lowered = lower_graph(graph)
@@ -170,6 +193,22 @@ class OpenVinoBackend(Backend):
         # (its constants referring to them in place) must find them alive: they live as long as
         # the executable (mostly the graph's own arrays, so this costs nothing).
         return OpenVinoExecutable(lowered, compiled, device_name, names, buffers, integer_path)
+
+
+def _imported(graph: Graph, artifact: Artifact, config: dict[str, Any]) -> OpenVinoExecutable:
+    """The executable of a compiled model stored ahead of time, if it is the one of ``graph``."""
+    import io
+
+    compiled = core().import_model(io.BytesIO(artifact.data), "CPU", config)
+    inputs = {name for port in compiled.inputs for name in port.get_names()}
+    outputs = [sorted(port.get_names()) for port in compiled.outputs]
+    if not inputs <= set(graph.input_names) or len(outputs) != len(graph.outputs) or \
+            any(name not in names for name, names in zip(graph.output_names, outputs)):
+        raise BackendError(f"the compiled model stored for graph {graph.name!r} takes {sorted(inputs)} and gives "
+                           f"{outputs}: expected {graph.input_names} and {graph.output_names} "
+                           "(a compiled model of another part)")
+    return OpenVinoExecutable(graph, compiled, "CPU", dict(artifact.facts.get("nodes", {})),
+                              integer_path=artifact.facts.get("integer_path"))
 
 
 def resolve_device(requested: str, available: list[str], fallback: bool) -> str:
@@ -254,6 +293,8 @@ def _schema_reason(node: Node, graph: Graph) -> str | None:
     """The cheap check first: an op outside ONNX, or not defined at the graph's opset."""
     if node.domain not in _STANDARD_DOMAINS:
         return None  # OpenVINO's frontend also knows some vendor domains: the probe decides
+    from edgeinfer.ir.onnx_io import schema_reason
+
     return schema_reason(node, graph)
 
 
@@ -271,6 +312,8 @@ def _float64_reason(node: Node, graph: Graph) -> str | None:
 
 def _static_reason(node: Node, graph: Graph) -> str | None:
     if node.domain == EDGEINFER_DOMAIN:
+        from edgeinfer.ir.lowering import find_lowering
+
         return None if find_lowering(node, graph) is not None else (
             f"op {node.domain}::{node.op_type} has no lowering to standard ONNX ops for OpenVINO")
     return _schema_reason(node, graph)

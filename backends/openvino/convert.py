@@ -144,8 +144,8 @@ def where(exc: BaseException, names: Mapping[str, Node], graph: Graph) -> str:
         for match in pattern.finditer(text):
             name = match.group("name")
             node = names.get(name) or names.get(name.split("/")[0])
-            if node is not None:
-                return f" at {node.label}"
+            if node is not None:  # an IR node, or its label (a compiled model stored ahead of time)
+                return f" at {getattr(node, 'label', node)}"
     no_rule = _NO_RULE.search(text)
     if no_rule:  # "Foo-17, Bar-17": every node of those op types
         ops = {item.strip().rsplit("-", 1)[0] for item in no_rule.group("ops").split(",")}

@@ -14,20 +14,21 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from edgeinfer.backend import Backend, CompileOptions, Executable, check_option_names
+from edgeinfer.backend import Artifact, Backend, CompileOptions, Executable, check_option_names
 from edgeinfer.backends.common import first_line, merged_options, missing_device, refuse_unsupported
 from edgeinfer.engine_logs import native_info_quiet
 from edgeinfer.errors import BackendError, EdgeInferError
-from edgeinfer.format.tflite import export_tflite, node_support
 from edgeinfer.ir import Graph, Node
 
 ENGINE_OPTIONS = ("op_resolver", "delegate", "delegate_options")
+ARTIFACT_KIND = "tflite"  # the ahead-of-time form: the exported flatbuffer
 OP_RESOLVERS = {"auto": "AUTO", "builtin": "BUILTIN_WITHOUT_DEFAULT_DELEGATES", "reference": "BUILTIN_REF"}
 log = logging.getLogger("edgeinfer.backends.tflite")
 
@@ -128,6 +129,10 @@ class TFLiteExecutable(Executable):
         return BackendError(f"the TFLite interpreter failed to run graph {self.graph.name!r} with inputs "
                             f"{shapes}: {first_line(exc)}")
 
+    def artifact(self, source: Graph) -> Artifact:
+        """The flatbuffer it runs: loaded with no export (and no import of the exporter)."""
+        return Artifact(ARTIFACT_KIND, self.flatbuffer)
+
     def stats(self) -> dict[str, Any]:
         return {**{k: v for k, v in self._facts.items() if k != "allocated"}, "shape_signatures": len(self._idle),
                 "interpreters": self._interpreters}
@@ -162,18 +167,22 @@ class TFLiteBackend(Backend):
                 self.device = "cpu"
 
     def supports(self, node: Node, graph: Graph) -> str | None:
+        from edgeinfer.format.tflite import node_support
+
         return node_support(node, graph)
+
+    def engine_version(self) -> str:
+        return _engine_version()
 
     def compile(self, graph: Graph, options: CompileOptions | None = None) -> TFLiteExecutable:
         options = options or CompileOptions()
         engine = merged_options(self.engine_options, options.engine_options, _check_engine_options)
         if options.threads is not None and (not isinstance(options.threads, int) or options.threads < 1):
             raise BackendError(f"tflite backend: threads must be a positive integer, got {options.threads!r}")
-        refuse_unsupported("tflite", graph.name, self.unsupported(graph))
-        try:
-            flatbuffer = export_tflite(graph)
-        except EdgeInferError as exc:
-            raise BackendError(f"tflite backend: graph {graph.name!r} cannot be exported: {exc}") from exc
+        if options.artifact is not None and options.artifact.kind == ARTIFACT_KIND:
+            flatbuffer = bytes(options.artifact.data)  # exported ahead of time (``edgeinfer compile``)
+        else:
+            flatbuffer = self._export(graph)
         module = runtime()
         resolver = engine.get("op_resolver", "auto")
         delegates = [self._load_delegate(engine)] if engine.get("delegate") else None
@@ -199,14 +208,25 @@ class TFLiteBackend(Backend):
                                    f"{first_line(exc)}") from exc
             # the placeholder dims of a dynamic input are no request; each real shape gets its own
             allocated = False
-        if not dynamic:
+        if not dynamic and options.artifact is None:  # a stored flatbuffer was probed when it was compiled
             _probe(interpreter, graph)
         facts = {"runtime": module.__name__, "op_resolver": resolver, "delegate": engine.get("delegate"),
                  "num_threads": options.threads, "flatbuffer_bytes": len(flatbuffer), "allocated": allocated}
         # a delegate library is loaded once (its handle shared by interpreters) and may hold one
         # device context: one interpreter then, a graph with dynamic dims resizing it in place
         factory = make_interpreter if not delegates else None
+        if options.artifact is not None:
+            _check_names(interpreter, graph)
         return TFLiteExecutable(graph, interpreter, flatbuffer, facts, factory)
+
+    def _export(self, graph: Graph) -> bytes:
+        from edgeinfer.format.tflite import export_tflite
+
+        refuse_unsupported("tflite", graph.name, self.unsupported(graph))
+        try:
+            return export_tflite(graph)
+        except EdgeInferError as exc:
+            raise BackendError(f"tflite backend: graph {graph.name!r} cannot be exported: {exc}") from exc
 
     @staticmethod
     def _load_delegate(engine: Mapping[str, Any]) -> Any:
@@ -216,6 +236,32 @@ class TFLiteBackend(Backend):
         except (ValueError, OSError, RuntimeError) as exc:
             raise BackendError(f"tflite backend: delegate library {path!r} cannot be loaded: "
                                f"{first_line(exc)}") from exc
+
+
+@functools.cache
+def _engine_version() -> str:
+    """The interpreter package and its version (its ``__version__``: no metadata scan at load)."""
+    module = runtime()
+    package = module.__name__.split(".")[0]
+    version = getattr(sys.modules.get(package), "__version__", None)
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(package.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            version = "?"
+    return f"{package} {version}"
+
+
+def _check_names(interpreter: Any, graph: Graph) -> None:
+    """A stored flatbuffer must be the one of this part: its tensors bear the part's names."""
+    inputs = [d["name"] for d in interpreter.get_input_details()]
+    outputs = [d["name"] for d in interpreter.get_output_details()]
+    if inputs != list(graph.input_names) or outputs != list(graph.output_names):
+        raise BackendError(f"the flatbuffer stored for graph {graph.name!r} takes {inputs} and gives {outputs}: "
+                           f"expected {list(graph.input_names)} and {list(graph.output_names)} "
+                           "(a flatbuffer of another part)")
 
 
 def _has_dynamic_inputs(graph: Graph) -> bool:

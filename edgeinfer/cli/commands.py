@@ -806,6 +806,40 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
 main.add_command(quantize_command)
 
 
+@main.command("compile")
+@click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The compiled .eim to write.")
+@click.option("--backend", default="auto", show_default=True,
+              help="auto (measured here), a backend name, or a priority list such as openvino+onnxruntime.")
+@click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads the device will run it on.")
+@click.option("--shape", "shape_specs", multiple=True, metavar="NAME:1x3x224x224",
+              help="Static shape of an input, binding its symbolic dims (repeatable; a bare 1x3x224x224 for a "
+                   "model with one input).")
+@click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
+@handle_errors
+def compile_command(model_path: Path, output: Path, backend: str, threads: int | None, shape_specs: tuple[str, ...],
+                    weights: Path | None) -> None:
+    """Compile MODEL ahead of time into one .eim: the plan (auto measured on this machine) and
+    each part's engine-ready artifact, so a device loads it with no export and no measuring.
+
+    Example: edgeinfer compile model.onnx -o model.eim --backend auto --threads 2
+    """
+    model = _load_model(model_path, weights)
+    import edgeinfer as ei
+
+    asked = parse_backend(backend)
+    shapes = parse_shapes(shape_specs, input_names=[t.name for t in model.inputs], symbols=False)
+    with auto_progress(asked == "auto"):
+        compiled = ei.compile(model, output, backend=asked, threads=threads, shapes=shapes)
+    section = compiled.compiled
+    if section.auto is not None:
+        click.echo(f"auto: {','.join(section.auto['backends'])} ({section.auto['reason']})", err=True)
+    made = sum(1 for part in section.parts if part["artifact"] is not None)
+    placed = ", ".join(f"{part['backend']} {len(part['nodes'])} node(s)" for part in section.parts)
+    click.echo(f"wrote {output}: {len(section.parts)} part(s) ({placed}), {made} engine artifact(s), "
+               f"{output.stat().st_size / 2**20:.2f} MiB, for {section.machine}")
+
+
 @main.command()
 @click.option("--json", "json_path", type=click.Path(path_type=Path),
               help="Write the facts as JSON here ('-': to stdout, nothing else printed).")

@@ -20,26 +20,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from typing import Any
 
-# feature label -> /proc/cpuinfo flags (any of them), x86 and ARM
-X86_FEATURES = {
-    "AVX2": ("avx2",),
-    "AVX-512": ("avx512f",),
-    "AVX-512 VNNI": ("avx512_vnni",),
-    "AVX-VNNI": ("avx_vnni",),
-    "AMX-INT8": ("amx_int8",),
-    "AMX-BF16": ("amx_bf16",),
-    "BF16": ("avx512_bf16",),
-    "FP16": ("avx512_fp16",),
-    "F16C": ("f16c",),
-}
-ARM_FEATURES = {
-    "NEON": ("asimd", "neon"),
-    "dotprod": ("asimddp",),
-    "i8mm": ("i8mm",),
-    "BF16": ("bf16",),
-    "FP16": ("asimdhp", "fphp"),
-    "SVE": ("sve",),
-}
+from edgeinfer.machine import ARM_FEATURES, X86_FEATURES, cpu_flags, cpu_model, features  # noqa: F401
+
 ENGINES = {  # backend -> (import name, distributions to report the version of)
     "onnxruntime": ("onnxruntime", ("onnxruntime", "onnxruntime-gpu")),
     "openvino": ("openvino", ("openvino",)),
@@ -68,42 +50,6 @@ class MachineFacts:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cpu_flags(text: str | None = None) -> set[str]:
-    """The feature flags of the first CPU in ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on ARM)."""
-    if text is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
-
-
-def cpu_model(text: str | None = None) -> str:
-    if text is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            return platform.processor() or platform.machine()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("model name", "Hardware", "Processor", "cpu model") and value.strip():
-            return value.strip()
-    return platform.processor() or platform.machine()
-
-
-def features(flags: set[str], architecture: str | None = None) -> dict[str, bool]:
-    """Which of the features that matter this CPU has (x86 or ARM list, by architecture)."""
-    architecture = (architecture or platform.machine()).lower()
-    table = ARM_FEATURES if architecture.startswith(("arm", "aarch")) else X86_FEATURES
-    return {label: any(flag in flags for flag in names) for label, names in table.items()}
 
 
 def _version(distributions: tuple[str, ...]) -> str | None:

@@ -173,6 +173,8 @@ def _margin(winner: str, medians: dict[str, float]) -> str:
 def placement_line(session, asked: str | list[str]) -> str | None:
     """``placement: tflite 0 nodes, numpy 41`` when the nodes did not all go where they were asked
     (a backend that could not run some, numpy taking them), or when auto chose; else None."""
+    if asked is None:
+        return None
     counts = session.plan.node_counts()
     names = [name.partition("@")[0] for name in ([asked] if isinstance(asked, str) else asked)]  # torch@cuda:0
     if asked != "auto" and set(counts) <= set(names):
@@ -182,8 +184,10 @@ def placement_line(session, asked: str | list[str]) -> str | None:
                                      for name in shown)
 
 
-def parse_backend(text: str) -> str | list[str]:
+def parse_backend(text: str | None) -> str | list[str] | None:
     """``--backend``: a name, ``auto``, or a priority list joined by ``+`` (``openvino+onnxruntime``)."""
+    if text is None:  # the compiled plan of a compiled .eim, else numpy (Session's default)
+        return None
     names = [name.strip() for name in text.split("+")]
     if not all(names):
         from edgeinfer.errors import InputError
@@ -198,9 +202,10 @@ def session_options(fn):
 
     choices = ", ".join([*available_backends(), "auto"])
     for option in reversed([
-        click.option("--backend", default="numpy", show_default=True,
+        click.option("--backend", default=None,
                      help=f"One of {choices}, or a priority list such as openvino+onnxruntime "
-                          "(each node goes to the first that runs it, numpy takes the rest)."),
+                          "(each node goes to the first that runs it, numpy takes the rest). Default: a compiled "
+                          ".eim's own plan (edgeinfer compile), else numpy."),
         click.option("--threads", type=click.IntRange(1), default=None, help="CPU threads for the session."),
         click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
                      help="Where accelerated backends run."),

@@ -74,6 +74,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import lzma
 import mmap
 import os
@@ -89,6 +90,7 @@ import numpy as np
 from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError, ModelValidationError
 from edgeinfer.format.atomic import atomic_write
+from edgeinfer.format.compiled import ir_digest, read_section, section_document
 from edgeinfer.format.document import (
     DocumentReader,
     Finding,
@@ -106,7 +108,8 @@ MAGIC = b"EIM\x00"
 FORMAT_VERSION = (3, 0)
 INT8_STORAGE_VERSION = (3, 1)  # written instead when a weight is stored as int8 values times a scale
 NARROW_STORAGE_VERSION = (3, 2)  # written instead when a tensor is stored narrower than its dtype
-READABLE_MINOR = {1: 0, 2: 0, 3: 2}  # major version this reader reads -> the newest minor it knows
+COMPILED_VERSION = (3, 3)  # written instead when the model holds a compiled section (compiled.py)
+READABLE_MINOR = {1: 0, 2: 0, 3: 3}  # major version this reader reads -> the newest minor it knows
 # dtype -> the narrower dtypes it may be stored as (version 3.2), narrowest first
 NARROWINGS = {"float32": ("float16",), "int32": ("int8", "int16"), "int64": ("int8", "int16", "int32")}
 # the inputs of the quantization ops that are scales: a float32 one may be stored as float16 where exact
@@ -126,6 +129,8 @@ HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = limits.MAX_DOCUMENT_BYTES
 MAX_RANK = limits.MAX_RANK
 _TOP_FIELDS = ("format", "version", "metadata", "tensors", "graph")
+_COMPILED_FIELD = "compiled"  # version 3.3, optional: compiled.py
+log = logging.getLogger("edgeinfer.format")
 WRITE_BLOCK_BYTES = 64 << 20  # a progress step, and the most copied at once for a strided tensor
 
 
@@ -170,6 +175,16 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
                else INT8_STORAGE_VERSION if any(i in table.int8_products for i in products) else FORMAT_VERSION)
     document = {"format": FORMAT_NAME, "version": list(version), "metadata": metadata,
                 "tensors": entries, "graph": graph_doc}
+    artifacts: list[tuple[int, Any]] = []
+    section = getattr(model, "compiled", None)
+    if section is not None:  # kept only while it is bound to this very IR
+        if section.digest == ir_digest(document):
+            document[_COMPILED_FIELD], artifacts, data_length = section_document(section, data_length)
+            version = COMPILED_VERSION
+            document["version"] = list(version)
+        else:
+            log.warning("%s: the model's compiled section belongs to another IR; it is not written",
+                        os.fspath(path))
     # ASCII with escapes: a lone surrogate in a name still round-trips.
     text = json.dumps(document, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
     if len(text) > MAX_JSON_BYTES:
@@ -200,6 +215,11 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
             if position != offset + array.nbytes:
                 raise ModelFormatError(f"cannot save {os.fspath(path)}: a tensor of {array.nbytes} bytes "
                                        f"wrote {position - offset}")
+        for offset, data in artifacts:
+            handle.write(bytes(offset - position))
+            handle.write(data)
+            position = offset + len(data)
+            step.advance(len(data))
         handle.write(bytes(data_length - position))
 
     try:
@@ -533,6 +553,9 @@ def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
     header = read_header(mapped, source)
     document = read_document(mapped, header, source)
     reader = DocumentReader([], source, strict=header.minor <= READABLE_MINOR[header.major])
+    compiled = None
+    if isinstance(document, dict) and (header.major, header.minor) >= COMPILED_VERSION:
+        compiled = document.pop(_COMPILED_FIELD, None)
     document = reader.fields(document, "document", _TOP_FIELDS)
     if document["format"] != FORMAT_NAME:
         raise reader.fail("document.format", repr(FORMAT_NAME), document["format"])
@@ -546,7 +569,33 @@ def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
         graph.verify()
     except ModelValidationError as exc:
         raise ModelValidationError(f"{source}: {exc}") from None
-    return Model(graph, metadata)
+    model = Model(graph, metadata)
+    if compiled is not None:
+        section = read_section(compiled, reader, mapped, header.data_offset, header.data_length,
+                               _tensors_end(document["tensors"]), len(graph.nodes))
+        model.compiled = section if section.digest == ir_digest(document) else _stale(section, source)
+    return model
+
+
+def document_digest(path: str | os.PathLike) -> str:
+    """The IR digest of an ``.eim`` file's document (``compiled.ir_digest``)."""
+    source = os.fspath(path)
+    mapped = map_file(source)
+    try:
+        header = read_header(mapped, source)
+        return ir_digest(read_document(mapped, header, source))
+    finally:
+        close_map(mapped)
+
+
+def _tensors_end(entries: list[dict[str, Any]]) -> int:
+    """Where the tensors of a checked tensor table end in the data section."""
+    return max((entry["offset"] + entry["nbytes"] for entry in entries if "offset" in entry), default=0)
+
+
+def _stale(section: Any, source: str) -> None:
+    log.warning("%s: the compiled section was made from another IR (digest %s...); it is ignored and the model "
+                "compiles from its IR", source, section.digest[:12])
 
 
 @dataclass(frozen=True)

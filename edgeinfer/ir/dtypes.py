@@ -2,17 +2,18 @@
 
 A tensor's dtype is held as a numpy dtype name (``"float32"``, ``"int64"``, ``"bool"``, ...).
 Non-tensor ONNX types used by sequence and optional ops are spelled ``"sequence(float32)"``
-and ``"optional(sequence(int64))"``. The mapping to ONNX ``TensorProto`` codes is taken from
-``onnx.helper`` so the two never disagree.
+and ``"optional(sequence(int64))"``. The common ONNX ``TensorProto`` codes are a fixed table
+(a test checks it against onnx), so loading and running a model imports no onnx; the rarer
+types (float8, int4, ...) come from ``onnx.helper``, so the two never disagree.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
 from edgeinfer.errors import ModelFormatError
 
@@ -33,45 +34,59 @@ NUMERIC_DTYPES: tuple[str, ...] = (
     "bool",
 )
 
-_ONNX_TO_NAME: dict[int, str] = {
-    TensorProto.FLOAT: "float32",
-    TensorProto.FLOAT16: "float16",
-    TensorProto.DOUBLE: "float64",
-    TensorProto.BFLOAT16: "bfloat16",
-    TensorProto.INT8: "int8",
-    TensorProto.UINT8: "uint8",
-    TensorProto.INT16: "int16",
-    TensorProto.UINT16: "uint16",
-    TensorProto.INT32: "int32",
-    TensorProto.UINT32: "uint32",
-    TensorProto.INT64: "int64",
-    TensorProto.UINT64: "uint64",
-    TensorProto.BOOL: "bool",
-    TensorProto.STRING: "str",
-    TensorProto.COMPLEX64: "complex64",
-    TensorProto.COMPLEX128: "complex128",
+# ONNX ``TensorProto`` element type codes of the common types (fixed by onnx.proto: a test checks
+# them against ``onnx.TensorProto``), so that loading a model and running it needs no onnx import.
+_COMMON: dict[int, str] = {
+    1: "float32",
+    10: "float16",
+    11: "float64",
+    16: "bfloat16",
+    3: "int8",
+    2: "uint8",
+    5: "int16",
+    4: "uint16",
+    6: "int32",
+    12: "uint32",
+    7: "int64",
+    13: "uint64",
+    9: "bool",
+    8: "str",
+    14: "complex64",
+    15: "complex128",
 }
-# Newer element types (float8, int4, ...) are named by onnx itself.
-for _code in helper.get_all_tensor_dtypes():
-    if _code not in _ONNX_TO_NAME and _code != TensorProto.UNDEFINED:
-        _ONNX_TO_NAME[_code] = helper.tensor_dtype_to_string(_code).removeprefix("TensorProto.").lower()
-_NAME_TO_ONNX = {name: code for code, name in _ONNX_TO_NAME.items()}
+_COMMON_CODES = {name: code for code, name in _COMMON.items()}
+
+
+@functools.cache
+def _all_types() -> tuple[dict[int, str], dict[str, int]]:
+    """Every element type onnx knows (float8, int4, ...: named by onnx itself), with the common ones."""
+    from onnx import TensorProto, helper
+
+    names = dict(_COMMON)
+    for code in helper.get_all_tensor_dtypes():
+        if code not in names and code != TensorProto.UNDEFINED:
+            names[code] = helper.tensor_dtype_to_string(code).removeprefix("TensorProto.").lower()
+    return names, {name: code for code, name in names.items()}
 
 
 def from_onnx(code: int) -> str:
     """ONNX ``TensorProto`` element type code -> dtype name."""
-    try:
-        return _ONNX_TO_NAME[code]
-    except KeyError:
-        raise ModelFormatError(f"unknown ONNX element type code {code}") from None
+    name = _COMMON.get(code)
+    if name is None:
+        name = _all_types()[0].get(code)
+    if name is None:
+        raise ModelFormatError(f"unknown ONNX element type code {code}")
+    return name
 
 
 def to_onnx(name: str) -> int:
     """dtype name -> ONNX ``TensorProto`` element type code."""
-    try:
-        return _NAME_TO_ONNX[name]
-    except KeyError:
-        raise ModelFormatError(f"dtype {name!r} has no ONNX element type") from None
+    code = _COMMON_CODES.get(name)
+    if code is None:
+        code = _all_types()[1].get(name)
+    if code is None:
+        raise ModelFormatError(f"dtype {name!r} has no ONNX element type")
+    return code
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -81,9 +96,15 @@ def numpy_dtype(name: str) -> np.dtype:
     if name in ("float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32",
                 "uint32", "int64", "uint64", "bool", "complex64", "complex128"):
         return np.dtype(name)
-    code = _NAME_TO_ONNX.get(name)
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    code = _all_types()[1].get(name)
     if code is None:
         raise ModelFormatError(f"unknown dtype {name!r}")
+    from onnx import helper
+
     return helper.tensor_dtype_to_np_dtype(code)
 
 
@@ -92,8 +113,10 @@ def name_of(dtype: np.dtype | type | str) -> str:
     dt = np.dtype(dtype)
     if dt == np.dtype(object) or dt.kind in "US":
         return "str"
-    if dt.name in _NAME_TO_ONNX:
+    if dt.name in _COMMON_CODES:
         return dt.name
+    from onnx import helper
+
     try:
         return from_onnx(helper.np_dtype_to_tensor_dtype(dt))
     except (KeyError, ValueError) as exc:
@@ -104,8 +127,10 @@ def is_tensor_type(name: str | None) -> bool:
     return name is not None and "(" not in name
 
 
-def type_to_onnx(name: str | None, shape) -> onnx.TypeProto:
+def type_to_onnx(name: str | None, shape) -> Any:
     """dtype name (tensor, sequence or optional) and shape -> ``onnx.TypeProto``."""
+    import onnx
+
     tp = onnx.TypeProto()
     if name is not None and name.startswith("sequence("):
         tp.sequence_type.elem_type.CopyFrom(type_to_onnx(name[9:-1], None))
@@ -113,7 +138,7 @@ def type_to_onnx(name: str | None, shape) -> onnx.TypeProto:
         tp.optional_type.elem_type.CopyFrom(type_to_onnx(name[9:-1], None))
     else:
         tensor = tp.tensor_type
-        tensor.elem_type = to_onnx(name) if name is not None else TensorProto.UNDEFINED
+        tensor.elem_type = to_onnx(name) if name is not None else onnx.TensorProto.UNDEFINED
         if shape is not None:
             tensor.shape.SetInParent()
             for dim in shape:
@@ -125,7 +150,7 @@ def type_to_onnx(name: str | None, shape) -> onnx.TypeProto:
     return tp
 
 
-def type_from_onnx(tp: onnx.TypeProto) -> tuple[str | None, tuple | None]:
+def type_from_onnx(tp: Any) -> tuple[str | None, tuple | None]:
     """``onnx.TypeProto`` -> (dtype name or None, shape or None)."""
     kind = tp.WhichOneof("value")
     if kind == "sequence_type":

@@ -27,17 +27,20 @@ log = logging.getLogger("edgeinfer.runtime.compile")
 
 
 def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | None, debug: bool = False,
-                  share_threads: bool = False, busy_wait: bool = True) -> list[CompiledPart]:
+                  share_threads: bool = False, busy_wait: bool = True, artifacts: Any = None) -> list[CompiledPart]:
     """Compile every part on its backend (``PartCompileError`` names the first that fails; the
     ones before it are closed). With ``share_threads`` (the DAG executor) a part that may run
-    beside others gets a share of ``threads``; a part that runs alone gets them all."""
+    beside others gets a share of ``threads``; a part that runs alone gets them all.
+    ``artifacts(part, backend)``: a part's ahead-of-time artifact or None (``aot``)."""
     by_name = {b.name: b for b in backends}
     shares = concurrency(plan.parts) if share_threads and threads else [0] * len(plan.parts)
     compiled: list[CompiledPart] = []
     try:
         for part, others in zip(plan.parts, shares):
             part_threads = threads if not others else max(1, threads // min(others + 1, threads))
-            options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait)
+            backend = by_name[part.backend]
+            options = CompileOptions(threads=part_threads, debug=debug, busy_wait=busy_wait,
+                                     artifact=artifacts(part, backend) if artifacts is not None else None)
             compiled.append(CompiledPart(part, by_name[part.backend], options))
     except BaseException:
         for done in compiled:
@@ -47,12 +50,12 @@ def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | Non
 
 
 def _executor(plan: Plan, backends: Sequence[Backend], executor: str, threads: int | None, debug: bool,
-              busy_wait: bool | None) -> PlanRunner:
+              busy_wait: bool | None, artifacts: Any = None) -> PlanRunner:
     parallel = executor == "dag"
     if parallel and threads is None:
         threads = os.cpu_count() or 1
     parts = compile_parts(plan, backends, threads=threads, debug=debug, share_threads=parallel,
-                          busy_wait=not parallel if busy_wait is None else busy_wait)
+                          busy_wait=not parallel if busy_wait is None else busy_wait, artifacts=artifacts)
     if not parallel:
         return SequentialExecutor(plan.graph, parts)
     workers = max(1, min(threads, max(concurrency(plan.parts), default=0) + 1))
@@ -61,13 +64,15 @@ def _executor(plan: Plan, backends: Sequence[Backend], executor: str, threads: i
 
 def compile(graph: Graph, backends: Sequence[Backend], *, executor: str = "sequential", threads: int | None = None,
             debug: bool = False, pinned: Mapping[int, str] | None = None, busy_wait: bool | None = None,
-            excluded: dict[int, dict[str, str]] | None = None, notes: list[str] | None = None) -> tuple[Plan, PlanRunner]:
+            excluded: dict[int, dict[str, str]] | None = None, notes: list[str] | None = None,
+            prior: Sequence[str] | None = None, artifacts: Any = None) -> tuple[Plan, PlanRunner]:
     """Partition ``graph`` over ``backends`` (priority order; ``pinned``: node index -> backend)
     and compile it into a ``"sequential"`` or ``"dag"`` executor. A part that fails to compile is
     probed; its culprits go to the next backend (a pinned node too) and the graph is partitioned
     again. ``excluded`` (node -> {backend: why}) keeps and collects what is barred where;
     ``notes`` collects one line per move. ``busy_wait``: whether idle engine threads may spin
-    (default: only in a sequential executor, where nothing else runs on the cores).
+    (default: only in a sequential executor, where nothing else runs on the cores). ``prior``
+    (the backend of every node) and ``artifacts`` come from a compiled ``.eim`` (``aot``).
     Returns (plan, runner); the caller owns the runner and closes it."""
     if executor not in EXECUTORS:
         raise BackendError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)} "
@@ -75,9 +80,9 @@ def compile(graph: Graph, backends: Sequence[Backend], *, executor: str = "seque
     excluded = excluded if excluded is not None else {}
     by_name = {b.name: b for b in backends}
     while True:
-        plan = make_plan(graph, backends, pinned=pinned, branches=executor == "dag", excluded=excluded)
+        plan = make_plan(graph, backends, pinned=pinned, branches=executor == "dag", excluded=excluded, prior=prior)
         try:
-            return plan, _executor(plan, backends, executor, threads, debug, busy_wait)
+            return plan, _executor(plan, backends, executor, threads, debug, busy_wait, artifacts)
         except PartCompileError as failure:
             part = failure.part
             if part.backend == REFERENCE or part.backend not in by_name:

@@ -55,15 +55,21 @@ class Part:
 
 
 def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
-           excluded: Mapping[int, Mapping[str, str]] | None = None) -> Assignment:
+           excluded: Mapping[int, Mapping[str, str]] | None = None, prior: Sequence[str] | None = None) -> Assignment:
     """Place every node on the first backend of ``backends`` that claims it (``Backend.claim``).
 
     ``pinned`` (node index -> backend name) forces placements, e.g. to test every placement;
     a pinned backend that cannot run its node is a ``BackendError``. ``excluded`` (node index
     -> {backend name: reason}) keeps nodes off backends that accepted them but then failed to
     compile or run them (the runtime's re-partition); the reason is kept like a decline. A
-    pinned node barred from its backend is placed as an unpinned one.
+    pinned node barred from its backend is placed as an unpinned one. ``prior`` (the backend of
+    every node, decided ahead of time: a compiled ``.eim``) places each node on its backend
+    without asking any claim, where that backend is among ``backends`` and the node is not
+    barred from it; the others are placed as usual.
     """
+    if prior is not None and len(prior) != len(graph.nodes):
+        raise BackendError(f"a prior placement of {len(prior)} node(s) for graph {graph.name!r} of "
+                           f"{len(graph.nodes)}: expected one backend per node")
     excluded = excluded or {}
     by_name = {b.name: b for b in backends}
     claims: dict[str, dict[int, str]] = {}  # backend -> what it does not take (``Backend.claim``), asked once
@@ -75,7 +81,12 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
 
     placed: list[str] = []
     declined: dict[int, dict[str, str]] = {}
+    held: set[int] = set()
     for index, node in enumerate(graph.nodes):
+        if prior is not None and prior[index] in by_name and prior[index] not in excluded.get(index, {}):
+            placed.append(prior[index])
+            held.add(index)
+            continue
         if pinned and index in pinned and pinned[index] not in excluded.get(index, {}):
             name = pinned[index]
             if name not in by_name:
@@ -99,7 +110,7 @@ def assign(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, st
             raise BackendError(f"no backend can run {node.label}: {listed}")
         if reasons:
             declined[index] = reasons
-    held = {i for i, name in (pinned or {}).items() if name not in excluded.get(i, {})}
+    held |= {i for i, name in (pinned or {}).items() if name not in excluded.get(i, {})}
     _follow_consumers(graph, refused, placed, held, excluded)
     return Assignment(placed, declined)
 

@@ -9,8 +9,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,9 +24,19 @@ from edgeinfer.ir import Graph
 if TYPE_CHECKING:
     from edgeinfer.runtime.partition import Part
 
+log = logging.getLogger("edgeinfer.runtime.parts")
+
 
 def engine_compile(backend: Backend, graph: Graph, options: CompileOptions) -> Executable:
-    """``backend`` compiles ``graph``: the runtime's only call of ``Backend.compile``."""
+    """``backend`` compiles ``graph``: the runtime's only call of ``Backend.compile``. An
+    ahead-of-time artifact that fails to build is said once and the graph compiled from the IR."""
+    if options.artifact is not None:
+        try:
+            return backend.compile(graph, options)
+        except Exception as exc:  # noqa: BLE001 - any failure of a stored artifact: the IR is the truth
+            log.warning("%s: the ahead-of-time artifact of graph %r failed (%s); compiled from the IR instead",
+                        backend.name, graph.name, first_line(exc, 300))
+            options = replace(options, artifact=None)
     return backend.compile(graph, options)
 
 

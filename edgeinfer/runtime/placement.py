@@ -117,11 +117,12 @@ def make_backends(specs: Sequence[BackendSpec], *, device: str = "cpu", fallback
 
 
 def make_plan(graph: Graph, backends: Sequence[Backend], *, pinned: Mapping[int, str] | None = None,
-              branches: bool = False, excluded: Mapping[int, Mapping[str, str]] | None = None) -> Plan:
+              branches: bool = False, excluded: Mapping[int, Mapping[str, str]] | None = None,
+              prior: Sequence[str] | None = None) -> Plan:
     """Partition ``graph`` over ``backends`` (priority order). ``branches`` also cuts at forks
-    and joins, so the DAG executor can run independent branches at once. ``excluded``: see
-    ``partition.assign``."""
-    assignment = assign(graph, backends, pinned=pinned, excluded=excluded)
+    and joins, so the DAG executor can run independent branches at once. ``excluded`` and
+    ``prior``: see ``partition.assign``."""
+    assignment = assign(graph, backends, pinned=pinned, excluded=excluded, prior=prior)
     parts = group(graph, assignment)
     if branches:
         parts = split_branches(graph, parts)

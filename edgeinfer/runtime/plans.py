@@ -205,11 +205,12 @@ class EngineSettings:
     debug: bool = False
     cache: Any = None  # auto's disk cache folder (None: the default, False: off)
     plan_cache_size: int = 8
+    compiled: Any = None  # the compiled section of an .eim this session runs (``aot``)
 
     @property
     def per_signature(self) -> bool:
         """Whether anything is measured, so each signature decides on its own."""
-        return self.backend == "auto" or self.executor == "auto"
+        return self.compiled is None and (self.backend == "auto" or self.executor == "auto")
 
 
 class CompiledPlan(Owned):
@@ -232,6 +233,7 @@ class CompiledPlan(Owned):
         self.repartitions: list[str] = []  # what moved to another backend, and why
         self.excluded: dict[int, dict[str, str]] = {}  # node -> {backend: why it failed there}
         self.proven = False  # a request has run on it (no re-partition is due any more)
+        self.section: Any = None  # the compiled .eim section it was built from (``aot``), if any
         self.proving = threading.Lock()
         if runner is None:
             self.run = self._no_runner
@@ -262,6 +264,10 @@ class CompiledPlan(Owned):
 
     def describe(self) -> str:
         text = self.plan.describe()
+        if self.section is not None:
+            from edgeinfer.runtime.aot import describe
+
+            text += "\n" + "\n".join(describe(self.section))
         if self.repartitions:
             text += "\nre-partitioned:\n" + "\n".join(f"  {line}" for line in self.repartitions)
         return text
@@ -285,6 +291,14 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     from edgeinfer.runtime import placement
 
     graph = model.graph
+    if settings.compiled is not None:  # a compiled .eim: its stored plan, parts from their artifacts
+        from edgeinfer.runtime.aot import build_compiled
+
+        backends, plan, runner, notes, excluded = build_compiled(model, settings)
+        compiled = CompiledPlan(None, settings, graph, backends, plan, runner, settings.compiled.executor)
+        compiled.repartitions.extend(notes)
+        compiled.excluded, compiled.section = excluded, settings.compiled
+        return compiled
     executor = settings.executor
     local = "sequential" if executor == "ray" else executor  # Ray: the actors compile the stages
     auto_choice = None

@@ -21,6 +21,7 @@ import numpy as np
 from edgeinfer.backend import Executable, check_device
 from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.model import Model, TensorInfo
+from edgeinfer.runtime.aot import section_for
 from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
 from edgeinfer.runtime.options import check_choice, from_keywords, gather
@@ -33,7 +34,8 @@ log = logging.getLogger("edgeinfer.runtime.session")
 class Session:
     """A model compiled for this device, ready to serve requests.
 
-    ``backend``: a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``, ``"torch"``),
+    ``backend``: left out, the plan of a compiled ``.eim`` (``edgeinfer compile``: its parts built
+    from their stored artifacts), else numpy; a name (``"numpy"``, ``"onnxruntime"``, ``"openvino"``, ``"tflite"``, ``"torch"``),
     a list in priority order (each node goes to the first that takes it; numpy runs the rest;
     a ``Backend`` object may stand for a name), or ``"auto"`` (the candidate placements timed
     here, the fastest kept and cached per shape signature). ``threads``: the CPU threads it may
@@ -55,7 +57,7 @@ class Session:
     every worker thread and closes everything compiled.
     """
 
-    def __init__(self, model: Model | str | os.PathLike, backend: Any = "numpy", threads: int | None = None, *,
+    def __init__(self, model: Model | str | os.PathLike, backend: Any = None, threads: int | None = None, *,
                  device: str = "cpu", executor: str = "sequential", options: Any = None, **engine_options: Any):
         from edgeinfer.runtime import placement
 
@@ -66,6 +68,8 @@ class Session:
             model = load_any(model)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise BackendError(f"threads must be a positive integer, got {threads!r}")
+        section = section_for(backend, executor, model)  # a compiled .eim's plan, where it is what is asked
+        backend, executor = (section.backends, section.executor) if section else ("numpy" if backend is None else backend, executor)
         run, stream = opts.run, opts.stream
         self.model, self.threads, self.device, self.options = model, threads, check_device(device), opts
         self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if run.debug is None else run.debug
@@ -82,7 +86,7 @@ class Session:
         self.backend_name = backend if isinstance(backend, str) else ",".join(
             n if isinstance(n, str) else n.name for n in placement.backend_priority(backend))
         self._settings = EngineSettings(backend, executor, threads, self.device, self.fallback, self.backend_options,
-                                        self.debug, opts.auto.cache, run.plan_cache_size)
+                                        self.debug, opts.auto.cache, run.plan_cache_size, section)
         self._checker = FeedChecker(model.inputs, run.buckets)
         self._inputs = model.inputs
         self.plan_cache = PlanCache(run.plan_cache_size)  # CompiledPlan per signature (auto decisions)

@@ -244,7 +244,7 @@ def test_onnxruntimes_claim_leaves_a_node_without_a_cpu_kernel_to_the_next_backe
 def wrong_claim(monkeypatch):
     """onnxruntime's claim misses its own gap (an engine newer than its kernel table, say): the
     compile failure is what moves the node, the path every backend falls back on."""
-    monkeypatch.setattr("edgeinfer.backends.onnxruntime.backend.kernel_reason", lambda *args: None)
+    monkeypatch.setattr("edgeinfer.backends.onnxruntime.kernels.kernel_reason", lambda *args: None)
 
 
 def test_a_part_that_fails_to_compile_moves_to_the_next_backend(wrong_claim):

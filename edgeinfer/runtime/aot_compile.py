@@ -1,0 +1,85 @@
+"""``ei.compile`` / ``edgeinfer compile``: write a model as a compiled ``.eim`` (``aot`` reads it).
+
+Kept apart from ``aot`` because it opens a Session, which itself loads compiled files through
+``aot``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from edgeinfer.backend import Artifact
+from edgeinfer.errors import InputError
+from edgeinfer.runtime.aot import machine_key
+
+
+def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto", threads: int | None = None,
+                  executor: str = "sequential", shapes: dict[str, tuple] | None = None, options: Any = None) -> Any:
+    """Write ``model`` (a ``Model`` or a model file) to ``output`` as a compiled ``.eim``: the plan
+    a Session on this machine chooses (``backend="auto"``: measured here) and each part's
+    artifact; returns the model as loaded from the file. The inputs must be static: ``shapes``
+    ({input: shape}) binds symbolic dims."""
+    from edgeinfer.api import load_any
+    from edgeinfer.format.compiled import CompiledSection, StoredArtifact
+    from edgeinfer.format.eim import document_digest, load_model, save_model
+    from edgeinfer.model import Model
+    from edgeinfer.runtime.session import Session
+
+    if not isinstance(model, Model):
+        model = load_any(model)
+    if shapes:
+        model = _bound(model, shapes)
+    if Path(output).suffix.lower() != ".eim":
+        raise InputError(f"compile to {os.fspath(output)!r}: expected a path ending in .eim")
+    symbolic = [str(info) for info in model.inputs if info.shape is None or not all(isinstance(d, int) for d in info.shape)]
+    if symbolic:
+        raise InputError(f"compile: expected inputs of static shapes, found {', '.join(symbolic)} "
+                         "(give shapes: --shape NAME=1x3x224x224, or ei.compile(..., shapes={...}))")
+    output = Path(output)
+    save_model(Model(model.graph, model.metadata), output)  # the IR alone; the plan is decided on it
+    loaded = load_model(output)
+    with Session(loaded, backend=backend, threads=threads, executor=executor, options=options) as session:
+        plan = session.compiled_plan(loaded.random_feeds())
+        artifacts: list[StoredArtifact] = []
+        parts = []
+        for compiled_part in getattr(plan.runner, "parts", []):
+            made = compiled_part.first.artifact(compiled_part.part.graph)
+            index = None
+            if made is not None:
+                index = len(artifacts)
+                artifacts.append(_stored(made))
+            parts.append({"backend": compiled_part.part.backend, "nodes": list(compiled_part.part.nodes),
+                          "artifact": index})
+        choice = plan.auto_choice
+        auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
+                                            "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}
+        names = choice.backends if choice is not None else [b.name for b in plan.backends]
+        engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
+        section = CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads,
+                                  machine_key(), engines, document_digest(output), parts, artifacts, auto,
+                                  os.fspath(output))
+    loaded.compiled = section
+    save_model(loaded, output)
+    return load_model(output)
+
+
+def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
+    """``model`` with the given static input shapes, types inferred again."""
+    from edgeinfer.api import redeclare_inputs
+    from edgeinfer.ir.infer import infer_types
+    from edgeinfer.model import Model
+
+    graph = infer_types(redeclare_inputs(model.graph, dict(shapes), False))
+    graph.verify()
+    return Model(graph, model.metadata)
+
+
+def _stored(artifact: Artifact) -> Any:
+    import hashlib
+
+    from edgeinfer.format.compiled import StoredArtifact
+
+    data = bytes(artifact.data)
+    return StoredArtifact(artifact.kind, dict(artifact.facts), data, hashlib.sha256(data).hexdigest(), True)

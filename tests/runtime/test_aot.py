@@ -1,0 +1,219 @@
+"""Ahead of time: ``ei.compile`` stores the plan and each part's engine artifact in the ``.eim``; a
+Session on that file builds every part from its artifact (no export, no toolchain import) and
+computes what the source framework computes. An artifact that is stale, foreign or damaged is
+never handed to an engine: that part compiles from the IR, with one warning line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import edgeinfer as ei
+from devkit import zoo
+from devkit.testing import assert_close
+from edgeinfer.backends.onnxruntime.artifact import _placeholder
+from edgeinfer.ir import dtypes
+from edgeinfer.ir.onnx_io import external_placeholder
+from tests.format.conftest import EimFile
+
+ENGINES = ("onnxruntime", "tflite", "openvino")
+# what a Session on a compiled file must not import (beside the engines its plan does not name)
+TOOLCHAIN = ("onnx", "ml_dtypes", "edgeinfer.passes", "edgeinfer.converters", "edgeinfer.quantize",
+             "edgeinfer.backends.numpy", "edgeinfer.format.tflite", "edgeinfer.ir.infer", "edgeinfer.cli")
+ENGINE_MODULES = {"onnxruntime": "onnxruntime", "tflite": "ai_edge_litert", "openvino": "openvino",
+                  "torch": "torch"}
+
+
+@pytest.fixture(scope="module")
+def source() -> onnx.ModelProto:
+    """A CNN whose 64-channel convolutions hold weights big enough to stay in the file (>= 16 KiB)."""
+    return zoo.cnn_residual_depthwise(size=32, channels=64)
+
+
+@pytest.fixture(scope="module")
+def feeds(source) -> dict[str, np.ndarray]:
+    return zoo.example_inputs(source, seed=3)
+
+
+@pytest.fixture(scope="module")
+def expected(source, feeds) -> list[np.ndarray]:
+    """The source framework's answer: onnxruntime on the original model."""
+    return ort.InferenceSession(source.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.fixture(scope="module")
+def compiled(source, tmp_path_factory) -> dict[str, Path]:
+    model = ei.convert(source)
+    folder = tmp_path_factory.mktemp("aot")
+    return {engine: ei.compile(model, folder / f"{engine}.eim", backend=engine, threads=1) and folder / f"{engine}.eim"
+            for engine in ENGINES}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_compiled_file_runs_its_plan_from_the_stored_artifact(engine, compiled, feeds, expected, monkeypatch):
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported again: the stored artifact was not used")
+
+    target = {"onnxruntime": "edgeinfer.backends.onnxruntime.backend._export",
+              "tflite": "edgeinfer.backends.tflite.backend.TFLiteBackend._export",
+              "openvino": "edgeinfer.backends.openvino.convert.export"}[engine]
+    monkeypatch.setattr(target, no_export)
+    model = ei.load(compiled[engine])
+    assert model.compiled.parts == [{"backend": engine, "nodes": list(range(len(model.graph.nodes))), "artifact": 0}]
+    with ei.Session(compiled[engine]) as session:  # no backend: the file's own plan
+        assert [p.backend for p in session.plan.parts] == [engine]
+        assert "compiled ahead of time" in session.compiled_plan(feeds).describe()
+        assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)
+    with ei.Session(compiled[engine], backend=engine) as session:  # the same backend named: the same plan
+        assert session.compiled_plan(feeds).section is not None
+
+
+def test_onnxruntime_reads_the_weights_from_the_file_itself(compiled, feeds):
+    with ei.Session(compiled["onnxruntime"]) as session:
+        session.run(feeds)
+        weights = session.compiled_plan(feeds).runner.parts[0].first.stats()["weights"]
+    assert weights["file"]["tensors"] > 0 and weights["memory"]["tensors"] == 0
+    assert weights["file_folder"] == str(compiled["onnxruntime"].parent)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_loading_a_compiled_file_imports_no_toolchain_and_no_other_engine(engine, compiled, feeds, tmp_path):
+    np.save(tmp_path / "x.npy", feeds["input"])
+    script = (f"import json, sys, numpy as np, edgeinfer as ei\n"
+              f"s = ei.Session({str(compiled[engine])!r})\n"
+              f"y = s.run({{'input': np.load({str(tmp_path / 'x.npy')!r})}})['logits']\n"
+              f"print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    modules = set(json.loads(done.stdout.splitlines()[-1]))
+    loaded = {name for name in TOOLCHAIN if name in modules}
+    others = {m for name, m in ENGINE_MODULES.items() if name != engine and m in modules}
+    assert not loaded and not others, (loaded, others)
+    assert ENGINE_MODULES[engine] in modules
+
+
+def test_auto_decides_at_compile_time_and_the_device_does_not_measure(source, feeds, expected, tmp_path, monkeypatch):
+    path = tmp_path / "auto.eim"
+    model = ei.compile(ei.convert(source), path, backend="auto", threads=1, options=ei.AutoOptions(cache=False))
+    assert model.compiled.auto["backends"] == model.compiled.backends
+    assert set(model.compiled.auto["median_ms"]) >= {"onnxruntime,numpy"}
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("auto measured again on the device")
+
+    monkeypatch.setattr("edgeinfer.runtime.auto.measure", no_measuring)
+    for backend in (None, "auto"):
+        with ei.Session(path, backend=backend) as session:
+            assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)
+            assert [p.backend for p in session.plan.parts] == [b for b in model.compiled.assignment[:1]]
+
+
+def test_a_file_compiled_for_another_engine_version_compiles_from_the_ir(compiled, feeds, expected, tmp_path, caplog):
+    parsed = EimFile.read(compiled["onnxruntime"])
+    parsed.document["compiled"]["engines"]["onnxruntime"] = "0.0.1"
+    path = tmp_path / "old.eim"
+    path.write_bytes(parsed.pack())
+    with caplog.at_level(logging.WARNING), ei.Session(path) as session:
+        got = session.run(feeds)["logits"]
+    said = [r.getMessage() for r in caplog.records if "compile from the IR" in r.getMessage()]
+    assert len(said) == 1 and "made for onnxruntime 0.0.1" in said[0] and str(path) in said[0]
+    assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_file_compiled_on_another_cpu_compiles_from_the_ir(engine, compiled, feeds, expected, tmp_path, caplog):
+    parsed = EimFile.read(compiled[engine])
+    parsed.document["compiled"]["machine"] = "riscv64 V"
+    path = tmp_path / "other_cpu.eim"
+    path.write_bytes(parsed.pack())
+    with caplog.at_level(logging.WARNING), ei.Session(path) as session:
+        got = session.run(feeds)["logits"]
+    assert any("made on a riscv64 V CPU" in r.getMessage() for r in caplog.records)
+    assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_damaged_artifact_bytes_are_never_handed_to_the_engine(engine, compiled, feeds, expected, tmp_path, caplog):
+    raw = bytearray(compiled[engine].read_bytes())
+    parsed = EimFile.parse(bytes(raw))
+    entry = parsed.document["compiled"]["artifacts"][0]
+    start = parsed.data_offset + entry["offset"]
+    raw[start + entry["nbytes"] // 2] ^= 0xFF  # the data section carries no checksum: only the artifact's own
+    path = tmp_path / "damaged.eim"
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING), ei.Session(path) as session:
+        got = session.run(feeds)["logits"]
+    assert any("changed after it was written" in r.getMessage() for r in caplog.records)
+    assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+def erf_between_convolutions() -> onnx.ModelProto:
+    """Two onnxruntime parts around a node onnxruntime has no kernel for (Erf on double)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (helper.make_tensor(n, TensorProto.FLOAT, [64, 64, 1, 1], rng.standard_normal((64, 64, 1, 1)).ravel())
+              for n in ("w1", "w2"))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Cast", ["a"], ["a64"], to=11),
+             helper.make_node("Erf", ["a64"], ["e64"]), helper.make_node("Cast", ["e64"], ["e"], to=1),
+             helper.make_node("Conv", ["e", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "two_parts", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 4, 4])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_artifacts_swapped_between_parts_are_refused(tmp_path, caplog):
+    proto = erf_between_convolutions()
+    model = ei.convert(proto, optimize=0)
+    path = tmp_path / "two.eim"
+    compiled = ei.compile(model, path, backend="onnxruntime")
+    assert [p["backend"] for p in compiled.compiled.parts] == ["onnxruntime", "numpy", "onnxruntime"]
+    parsed = EimFile.read(path)
+    parts = parsed.document["compiled"]["parts"]
+    parts[0]["artifact"], parts[2]["artifact"] = parts[2]["artifact"], parts[0]["artifact"]
+    swapped = tmp_path / "swapped.eim"
+    swapped.write_bytes(parsed.pack())
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 64, 4, 4)).astype(np.float32)}
+    expected = ei.Session(model, backend="numpy").run(feeds)["y"]
+    with caplog.at_level(logging.WARNING), ei.Session(swapped) as session:
+        got = session.run(feeds)["y"]
+    refused = [r.getMessage() for r in caplog.records if "compiled from the IR instead" in r.getMessage()]
+    assert len(refused) == 2 and all("an artifact of another part" in m for m in refused)
+    assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_section_made_from_another_ir_is_ignored(compiled, tmp_path, caplog):
+    parsed = EimFile.read(compiled["onnxruntime"])
+    parsed.document["metadata"]["edited"] = "after compiling"
+    path = tmp_path / "edited.eim"
+    path.write_bytes(parsed.pack())
+    with caplog.at_level(logging.WARNING):
+        model = ei.load(path)
+    assert model.compiled is None
+    assert any("made from another IR" in r.getMessage() for r in caplog.records)
+
+
+def test_compile_asks_for_static_shapes():
+    with pytest.raises(ei.InputError, match="expected inputs of static shapes.*--shape"):
+        ei.compile(ei.convert(zoo.mlp_symbolic_batch()), "never-written.eim")
+    assert not Path("never-written.eim").exists()
+
+
+def test_placeholders_are_the_messages_onnx_writes():
+    array = np.zeros((3, 0, 7), np.float16)
+    for location in ({"location": "model.eim", "offset": "4096", "length": "0"}, {"location": "edgeinfer-in-memory"}):
+        ours = onnx.TensorProto.FromString(_placeholder("w\u00e9ight", array, location))
+        assert ours == external_placeholder("w\u00e9ight", array, location)
+
+
+def test_the_common_element_types_are_onnxs():
+    for code, name in dtypes._COMMON.items():
+        assert helper.tensor_dtype_to_string(code).removeprefix("TensorProto.").lower() in (name, {
+            "float32": "float", "float64": "double", "str": "string"}.get(name))
+        assert dtypes.from_onnx(code) == name and dtypes.to_onnx(name) == code
