@@ -93,14 +93,14 @@ def prepare(entry: Any, work: Path, threads: int) -> dict[str, Any]:
     source = Path(entry.source())
     kwargs = entry.convert_kwargs(feeds) if callable(entry.convert_kwargs) else dict(entry.convert_kwargs)
     model = ei.convert(source, **kwargs)
-    shapes = {info.name: tuple(f.shape) for info, f in zip(model.inputs, feeds, strict=True)}
+    example = {info.name: f for info, f in zip(model.inputs, feeds, strict=True)}
     engine = "onnxruntime" if entry.format == "onnx" else "tflite"
     model.save(f"{stem}.eim")
     start = time.perf_counter()
-    ei.compile(model, f"{stem}.compiled.eim", backend=engine, threads=threads, shapes=shapes)
+    ei.compile(model, f"{stem}.compiled.eim", backend=engine, threads=threads, example_feeds=example)
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    auto = ei.compile(model, f"{stem}.auto.eim", backend="auto", threads=threads, shapes=shapes,
+    auto = ei.compile(model, f"{stem}.auto.eim", backend="auto", threads=threads, example_feeds=example,
                       options=ei.AutoOptions(cache=False))
     auto_s = time.perf_counter() - start
     return {"stem": stem, "source": source, "engine": engine, "format": entry.format, "compile_s": compile_s,

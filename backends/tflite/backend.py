@@ -255,12 +255,14 @@ def _engine_version() -> str:
 
 
 def _check_names(interpreter: Any, graph: Graph) -> None:
-    """A stored flatbuffer must be the one of this part: its tensors bear the part's names."""
+    """A stored flatbuffer must take and give as many tensors as this part (the runtime bound it
+    to the part by its input and output names; the exporter may rename a tensor whose layout it
+    changed, so the names here are the flatbuffer's own)."""
     inputs = [d["name"] for d in interpreter.get_input_details()]
     outputs = [d["name"] for d in interpreter.get_output_details()]
-    if inputs != list(graph.input_names) or outputs != list(graph.output_names):
+    if len(inputs) != len(graph.input_names) or len(outputs) != len(graph.output_names):
         raise BackendError(f"the flatbuffer stored for graph {graph.name!r} takes {inputs} and gives {outputs}: "
-                           f"expected {list(graph.input_names)} and {list(graph.output_names)} "
+                           f"expected {len(graph.input_names)} input(s) and {len(graph.output_names)} output(s) "
                            "(a flatbuffer of another part)")
 
 

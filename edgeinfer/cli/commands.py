@@ -815,10 +815,12 @@ main.add_command(quantize_command)
 @click.option("--shape", "shape_specs", multiple=True, metavar="NAME:1x3x224x224",
               help="Static shape of an input, binding its symbolic dims (repeatable; a bare 1x3x224x224 for a "
                    "model with one input).")
+@click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="An example input to decide on (repeatable); a model with symbolic dims keeps them.")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @handle_errors
 def compile_command(model_path: Path, output: Path, backend: str, threads: int | None, shape_specs: tuple[str, ...],
-                    weights: Path | None) -> None:
+                    inputs: tuple[str, ...], weights: Path | None) -> None:
     """Compile MODEL ahead of time into one .eim: the plan (auto measured on this machine) and
     each part's engine-ready artifact, so a device loads it with no export and no measuring.
 
@@ -829,8 +831,9 @@ def compile_command(model_path: Path, output: Path, backend: str, threads: int |
 
     asked = parse_backend(backend)
     shapes = parse_shapes(shape_specs, input_names=[t.name for t in model.inputs], symbols=False)
+    feeds = _load_feeds(model, inputs, False, 1) if inputs else None
     with auto_progress(asked == "auto"):
-        compiled = ei.compile(model, output, backend=asked, threads=threads, shapes=shapes)
+        compiled = ei.compile(model, output, backend=asked, threads=threads, shapes=shapes, example_feeds=feeds)
     section = compiled.compiled
     if section.auto is not None:
         click.echo(f"auto: {','.join(section.auto['backends'])} ({section.auto['reason']})", err=True)

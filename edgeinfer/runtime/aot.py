@@ -127,7 +127,10 @@ def _lookup(section: Any) -> Callable[[Any, Backend], Artifact | None]:
             except EdgeInferError as exc:
                 why = str(exc)
             else:
-                return Artifact(found.kind, found.data, found.facts)
+                if found.facts.get("part") == {"inputs": list(part.inputs), "outputs": list(part.outputs)}:
+                    return Artifact(found.kind, found.data, found.facts)
+                why = (f"the artifact stored for the {part.backend} part of {len(part.nodes)} node(s) reading "
+                       f"{list(part.inputs)[:3]} was made for another part")
         if why not in said:
             said.add(why)
             log.warning("%s: %s; those parts compile from the IR (run `edgeinfer compile` again here)",

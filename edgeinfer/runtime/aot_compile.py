@@ -16,53 +16,71 @@ from edgeinfer.runtime.aot import machine_key
 
 
 def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto", threads: int | None = None,
-                  executor: str = "sequential", shapes: dict[str, tuple] | None = None, options: Any = None) -> Any:
+                  executor: str = "sequential", shapes: dict[str, tuple] | None = None,
+                  example_feeds: dict[str, Any] | None = None, options: Any = None) -> Any:
     """Write ``model`` (a ``Model`` or a model file) to ``output`` as a compiled ``.eim``: the plan
-    a Session on this machine chooses (``backend="auto"``: measured here) and each part's
-    artifact; returns the model as loaded from the file. The inputs must be static: ``shapes``
-    ({input: shape}) binds symbolic dims."""
+    a Session on this machine chooses (``backend="auto"``: measured here, on ``example_feeds``
+    where given, else random data) and each part's artifact; returns the model as loaded from
+    the file. ``shapes`` ({input: shape}) binds symbolic dims for good; without them a model with
+    symbolic dims needs ``example_feeds``, and its plan and artifacts keep the symbolic dims."""
+    from dataclasses import replace
+
+    import numpy as np
+
     from edgeinfer.api import load_any
-    from edgeinfer.format.compiled import CompiledSection, StoredArtifact
-    from edgeinfer.format.eim import document_digest, load_model, save_model
+    from edgeinfer.format.eim import load_model, save_model
     from edgeinfer.model import Model
+    from edgeinfer.runtime.options import gather
     from edgeinfer.runtime.session import Session
 
     if not isinstance(model, Model):
         model = load_any(model)
-    if shapes:
-        model = _bound(model, shapes)
     if Path(output).suffix.lower() != ".eim":
         raise InputError(f"compile to {os.fspath(output)!r}: expected a path ending in .eim")
+    feeds = None if example_feeds is None else {name: np.asarray(a) for name, a in example_feeds.items()}
+    if shapes:
+        model = _bound(model, shapes)
     symbolic = [str(info) for info in model.inputs if info.shape is None or not all(isinstance(d, int) for d in info.shape)]
-    if symbolic:
-        raise InputError(f"compile: expected inputs of static shapes, found {', '.join(symbolic)} "
-                         "(give shapes: --shape NAME=1x3x224x224, or ei.compile(..., shapes={...}))")
+    if symbolic and feeds is None:  # the plan and its artifacts keep the symbolic dims; auto measures on real shapes
+        raise InputError(f"compile: inputs {', '.join(symbolic)} have symbolic dims: give example inputs to decide "
+                         "on (-i NAME=FILE.npy, ei.compile(..., example_feeds={...})) or static shapes "
+                         "(--shape NAME:1x3x224x224, ei.compile(..., shapes={...}))")
     output = Path(output)
     save_model(Model(model.graph, model.metadata), output)  # the IR alone; the plan is decided on it
     loaded = load_model(output)
-    with Session(loaded, backend=backend, threads=threads, executor=executor, options=options) as session:
-        plan = session.compiled_plan(loaded.random_feeds())
-        artifacts: list[StoredArtifact] = []
-        parts = []
-        for compiled_part in getattr(plan.runner, "parts", []):
-            made = compiled_part.first.artifact(compiled_part.part.graph)
-            index = None
-            if made is not None:
-                index = len(artifacts)
-                artifacts.append(_stored(made))
-            parts.append({"backend": compiled_part.part.backend, "nodes": list(compiled_part.part.nodes),
-                          "artifact": index})
-        choice = plan.auto_choice
-        auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
-                                            "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}
-        names = choice.backends if choice is not None else [b.name for b in plan.backends]
-        engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
-        section = CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads,
-                                  machine_key(), engines, document_digest(output), parts, artifacts, auto,
-                                  os.fspath(output))
-    loaded.compiled = section
+    opts = gather(options)
+    if feeds is not None:
+        opts = replace(opts, run=replace(opts.run, example_feeds=feeds))
+    with Session(loaded, backend=backend, threads=threads, executor=executor, options=opts) as session:
+        plan = session.compiled_plan(feeds if feeds is not None else loaded.random_feeds())
+        loaded.compiled = _section(plan, threads, output)
     save_model(loaded, output)
     return load_model(output)
+
+
+def _section(plan: Any, threads: int | None, output: Path) -> Any:
+    """The compiled section of ``plan``: its placement and each part's artifact."""
+    from edgeinfer.format.compiled import CompiledSection, StoredArtifact
+    from edgeinfer.format.eim import document_digest
+
+    artifacts: list[StoredArtifact] = []
+    parts = []
+    for compiled_part in getattr(plan.runner, "parts", []):
+        part = compiled_part.part
+        made = compiled_part.first.artifact(part.graph)
+        index = None
+        if made is not None:  # bound to its part's inputs and outputs (aot checks them at load)
+            index = len(artifacts)
+            artifacts.append(_stored(made, {"inputs": list(part.inputs), "outputs": list(part.outputs)}))
+        parts.append({"backend": compiled_part.part.backend, "nodes": list(compiled_part.part.nodes),
+                      "artifact": index})
+    choice = plan.auto_choice
+    auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
+                                        "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}
+    names = choice.backends if choice is not None else [b.name for b in plan.backends]
+    engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
+    return CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads, machine_key(),
+                           engines, document_digest(output), parts, artifacts, auto, os.fspath(output))
 
 
 def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
@@ -76,10 +94,10 @@ def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
     return Model(graph, model.metadata)
 
 
-def _stored(artifact: Artifact) -> Any:
+def _stored(artifact: Artifact, part: dict[str, list[str]]) -> Any:
     import hashlib
 
     from edgeinfer.format.compiled import StoredArtifact
 
     data = bytes(artifact.data)
-    return StoredArtifact(artifact.kind, dict(artifact.facts), data, hashlib.sha256(data).hexdigest(), True)
+    return StoredArtifact(artifact.kind, {**artifact.facts, "part": part}, data, hashlib.sha256(data).hexdigest(), True)

@@ -137,3 +137,26 @@ def test_run_auto_shows_each_candidate_and_its_choice_with_the_margin(cnn_file, 
     # the second time the choice comes from the cache, and says so
     again = invoke("run", cnn_file, "--random-inputs", "--backend", "auto", "--repeat", 1)
     assert "(measured earlier on this machine; cached)" in again.output
+
+
+def test_compile_writes_a_file_that_run_uses_as_it_is(tmp_path):
+    """``edgeinfer compile`` then ``edgeinfer run`` with no --backend: the stored plan, the same outputs."""
+    from pathlib import Path
+
+    runner = CliRunner()
+    sample = Path(__file__).resolve().parents[2] / "models"
+    out = tmp_path / "sample.eim"
+    done = runner.invoke(main, ["compile", str(sample / "sample_cnn.onnx"), "-o", str(out), "--backend", "onnxruntime",
+                                "-i", f"input={sample / 'sample_input.npy'}"])
+    assert done.exit_code == 0, done.output
+    assert "1 engine artifact(s)" in done.output and out.is_file()
+    ran = runner.invoke(main, ["run", str(out), "-i", f"input={sample / 'sample_input.npy'}", "--output-dir",
+                               str(tmp_path / "got"), "--repeat", "1"])
+    assert ran.exit_code == 0, ran.output
+    import onnxruntime as ort
+
+    x = np.load(sample / "sample_input.npy")
+    expected = ort.InferenceSession(str(sample / "sample_cnn.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "got" / "logits.npy"), expected, rtol=1e-4, atol=1e-5)
+    bad = runner.invoke(main, ["compile", str(sample / "sample_cnn.onnx"), "-o", str(tmp_path / "x.onnx")])
+    assert bad.exit_code == 2 and "expected a path ending in .eim" in bad.output
