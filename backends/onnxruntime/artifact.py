@@ -2,7 +2,8 @@
 
 ``make_artifact`` runs at ``edgeinfer compile``: the part's graph as onnxruntime gets it (lowered,
 int8 weights rewritten where this CPU's kernels saturate), serialized without the large
-initializers that are the IR's own arrays; those are listed by name. ``assemble`` runs at load,
+initializers that are the IR's own arrays; those are listed by name (``facts["reads"]``: the
+IR weights an artifact reads at load, whatever its kind). ``assemble`` runs at load,
 with no onnx import: each listed weight becomes an external-data placeholder (a reference into
 the mapped ``.eim``, or an ``OrtValue`` handed over in memory, as ``backend._export`` routes
 them) encoded here in protobuf's wire format and appended to the stored graph, which protobuf
@@ -53,7 +54,7 @@ def make_artifact(source: Graph, executable: Any) -> Artifact:
     graph_bytes = model.graph.SerializeToString()
     model.ClearField("graph")
     prefix = model.SerializeToString()
-    facts = {"prefix_bytes": len(prefix), "external": external, "nodes": labels,
+    facts = {"prefix_bytes": len(prefix), "reads": external, "nodes": labels,
              "integer_path": executable.integer_path}
     return Artifact(ARTIFACT_KIND, prefix + graph_bytes, facts)
 
@@ -69,7 +70,7 @@ def assemble(artifact: Artifact, graph: Graph, files: bool | str = True) -> tupl
     prefix, graph_bytes = data[:split], data[split:]
     routes = WeightRoutes()
     arrays = {}
-    for name in facts["external"]:
+    for name in facts["reads"]:
         array = graph.initializers.get(name)
         if array is None:
             raise BackendError(f"the artifact of graph {graph.name!r} reads weight {name!r}, which the graph does "

@@ -10,7 +10,8 @@ In the document, beside the graph::
                  "machine": "x86_64 AVX2,AVX-512,...",      the CPU (architecture, features)
                  "engines": {"onnxruntime": "1.32.0"},      the engine versions
                  "digest": "<sha256>",                      of the IR it was compiled from
-                 "parts": [{"backend", "nodes": [...], "artifact": 0 or null}],
+                 "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
+                            "inputs": [values], "outputs": [values]}],
                  "artifacts": [{"kind", "facts", "offset", "nbytes", "sha256"}],
                  "auto": null or {"median_ms", "reason"}}
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from edgeinfer.errors import ModelFormatError
 from edgeinfer.format.document import DocumentReader, Finding
+from edgeinfer.format.document import _value_doc as value_doc
 
 SECTION_VERSION = 1
 _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine", "engines", "digest", "parts",
@@ -64,6 +66,7 @@ class CompiledSection:
     artifacts: list[StoredArtifact] = field(default_factory=list)
     auto: dict[str, Any] | None = None
     source: str = ""  # the file it was read from
+    said: set[str] = field(default_factory=set)  # why its artifacts went unused, each said once
 
     def artifact(self, index: int) -> StoredArtifact:
         """Artifact ``index``, its bytes checked against the SHA-256 the section records."""
@@ -97,9 +100,11 @@ def section_document(section: CompiledSection, data_start: int) -> tuple[dict[st
                         "sha256": stored.sha256})
         placed.append((offset, stored.data))
         offset += nbytes
+    parts = [{**part, "inputs": [value_doc(v, "part input") for v in part["inputs"]],
+              "outputs": [value_doc(v, "part output") for v in part["outputs"]]} for part in section.parts]
     doc = {"version": SECTION_VERSION, "backends": section.backends, "assignment": section.assignment,
            "executor": section.executor, "threads": section.threads, "machine": section.machine,
-           "engines": section.engines, "digest": section.digest, "parts": section.parts, "artifacts": entries,
+           "engines": section.engines, "digest": section.digest, "parts": parts, "artifacts": entries,
            "auto": section.auto}
     return doc, placed, offset
 
@@ -125,7 +130,7 @@ def read_section(obj: Any, reader: DocumentReader, mapped: Any, data_offset: int
     parts = []
     for i, part in enumerate(reader.array(obj["parts"], f"{where}.parts")):
         at = f"{where}.parts[{i}]"
-        part = reader.fields(part, at, ("backend", "nodes", "artifact"))
+        part = reader.fields(part, at, ("backend", "nodes", "artifact", "inputs", "outputs"))
         indices = [reader.integer(n, f"{at}.nodes[{k}]", maximum=max(nodes - 1, 0))
                    for k, n in enumerate(reader.array(part["nodes"], f"{at}.nodes"))]
         artifact = part["artifact"]
@@ -134,7 +139,8 @@ def read_section(obj: Any, reader: DocumentReader, mapped: Any, data_offset: int
             if not artifacts:
                 raise reader.fail(f"{at}.artifact", "null (the section holds no artifact)", artifact)
         parts.append({"backend": reader.string(part["backend"], f"{at}.backend"), "nodes": indices,
-                      "artifact": artifact})
+                      "artifact": artifact, "inputs": reader.values(part["inputs"], f"{at}.inputs"),
+                      "outputs": reader.values(part["outputs"], f"{at}.outputs")})
     auto = obj["auto"]
     if auto is not None and not isinstance(auto, dict):
         raise reader.fail(f"{where}.auto", "an object or null", auto)

@@ -380,11 +380,7 @@ def _write_tensor(handle: BinaryIO, array: np.ndarray) -> int:
 # -- loading -------------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike) -> Model:
     """Read an ``.eim`` file; numeric weights are read-only views into a memory map."""
-    try:
-        source = os.fsdecode(os.fspath(path))
-    except TypeError:
-        raise ModelFormatError(f"cannot load {path!r}: expected a file path (str or os.PathLike), found "
-                               f"{type(path).__name__}") from None
+    source = source_path(path)
     mapped = map_file(source)
     try:
         model = _load_mapped(mapped, source)
@@ -552,16 +548,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
     header = read_header(mapped, source)
     document = read_document(mapped, header, source)
-    reader = DocumentReader([], source, strict=header.minor <= READABLE_MINOR[header.major])
-    compiled = None
-    if isinstance(document, dict) and (header.major, header.minor) >= COMPILED_VERSION:
-        compiled = document.pop(_COMPILED_FIELD, None)
-    document = reader.fields(document, "document", _TOP_FIELDS)
-    if document["format"] != FORMAT_NAME:
-        raise reader.fail("document.format", repr(FORMAT_NAME), document["format"])
-    if document["version"] != [header.major, header.minor]:
-        raise reader.fail("document.version", f"[{header.major}, {header.minor}] as in the header",
-                          document["version"])
+    reader, document, compiled = checked_document(document, header, source)
     metadata = reader.str_map(document["metadata"], "document.metadata")
     reader.tensors = _read_tensors(mapped, header, document["tensors"], reader)
     graph = reader.graph(document["graph"], "document.graph")
@@ -572,8 +559,8 @@ def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
     model = Model(graph, metadata)
     if compiled is not None:
         section = read_section(compiled, reader, mapped, header.data_offset, header.data_length,
-                               _tensors_end(document["tensors"]), len(graph.nodes))
-        model.compiled = section if section.digest == ir_digest(document) else _stale(section, source)
+                               tensors_end(document["tensors"]), len(graph.nodes))
+        model.compiled = section if section.digest == ir_digest(document) else stale(section, source)
     return model
 
 
@@ -588,12 +575,35 @@ def document_digest(path: str | os.PathLike) -> str:
         close_map(mapped)
 
 
-def _tensors_end(entries: list[dict[str, Any]]) -> int:
+def checked_document(document: Any, header: Header, source: str) -> tuple[DocumentReader, dict[str, Any], Any]:
+    """(its reader, the document's checked top level, its compiled section as stored or None)."""
+    reader = DocumentReader([], source, strict=header.minor <= READABLE_MINOR[header.major])
+    compiled = None
+    if isinstance(document, dict) and (header.major, header.minor) >= COMPILED_VERSION:
+        compiled = document.pop(_COMPILED_FIELD, None)
+    document = reader.fields(document, "document", _TOP_FIELDS)
+    if document["format"] != FORMAT_NAME:
+        raise reader.fail("document.format", repr(FORMAT_NAME), document["format"])
+    if document["version"] != [header.major, header.minor]:
+        raise reader.fail("document.version", f"[{header.major}, {header.minor}] as in the header",
+                          document["version"])
+    return reader, document, compiled
+
+
+def source_path(path: Any) -> str:
+    try:
+        return os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise ModelFormatError(f"cannot load {path!r}: expected a file path (str or os.PathLike), found "
+                               f"{type(path).__name__}") from None
+
+
+def tensors_end(entries: list[dict[str, Any]]) -> int:
     """Where the tensors of a checked tensor table end in the data section."""
     return max((entry["offset"] + entry["nbytes"] for entry in entries if "offset" in entry), default=0)
 
 
-def _stale(section: Any, source: str) -> None:
+def stale(section: Any, source: str) -> None:
     log.warning("%s: the compiled section was made from another IR (digest %s...); it is ignored and the model "
                 "compiles from its IR", source, section.digest[:12])
 

@@ -15,12 +15,15 @@ have their recorded SHA-256; otherwise that part compiles from the IR, with one 
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.backend import Artifact, Backend
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.errors import EdgeInferError, ModelFormatError
+from edgeinfer.model import Model, TensorInfo
 
 log = logging.getLogger("edgeinfer.runtime.aot")
 
@@ -78,6 +81,72 @@ class OnDemand(Backend):
         return getattr(self._get(), name)
 
 
+class LazyModel(Model):
+    """A compiled ``.eim``'s model, read without its graph (``format.lean``): inputs, outputs,
+    metadata and the compiled section are there at once; ``graph`` is loaded the first time
+    something asks for it (a describe, a stream, a part that must compile from the IR)."""
+
+    def __init__(self, file: Any):
+        self.file = file
+        self.metadata = dict(file.metadata)
+        self.compiled = file.section
+        self._graph = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._graph is not None
+
+    @property
+    def graph(self) -> Any:
+        if self._graph is None:
+            with self._lock:
+                if self._graph is None:
+                    from edgeinfer.format.eim import load_model
+
+                    full = load_model(self.file.source)
+                    if full.compiled is None or full.compiled.digest != self.compiled.digest:
+                        raise ModelFormatError(f"{self.file.source}: the file changed since it was opened: expected "
+                                               "the compiled model it held")
+                    self._graph = full.graph
+        return self._graph
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [TensorInfo(v.name, v.dtype, v.shape) for v in self.file.inputs]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [TensorInfo(v.name, v.dtype, v.shape) for v in self.file.outputs]
+
+
+def resolve(model: Any, backend: Any, executor: str) -> tuple[Model, Any, Any, str]:
+    """What a Session asking for ``backend`` and ``executor`` runs: (model, the compiled section it
+    runs or None, backend, executor). ``backend=None``: a compiled file's own plan, else numpy."""
+    if not isinstance(model, Model):
+        model = open_model(model, backend, executor)
+    section = section_for(backend, executor, model)
+    if section is not None:
+        return model, section, section.backends, section.executor
+    return model, None, "numpy" if backend is None else backend, executor
+
+
+def open_model(path: str | os.PathLike, backend: Any, executor: str) -> Model:
+    """The model at ``path`` for a Session asking for ``backend``: a compiled ``.eim`` whose plan
+    it runs is read without its graph (``LazyModel``); anything else is loaded or converted."""
+    from edgeinfer.api import load_any, sniff_format
+
+    if sniff_format(path) == "eim" and executor in ("sequential",) and (backend is None or isinstance(backend, str)):
+        from edgeinfer.format.lean import read_compiled
+
+        file = read_compiled(path)
+        if file is not None:
+            model = LazyModel(file)
+            if section_for(backend, executor, model) is not None:
+                return model
+    return load_any(path)
+
+
 def build_compiled(model: Any, settings: Any) -> tuple[list[Backend], Any, Any, list[str], dict[int, dict[str, str]]]:
     """The backends, plan and runner of ``settings.compiled`` (the model's compiled section),
     with the re-partition's notes and exclusions (``plans.build_plan`` makes the CompiledPlan)."""
@@ -105,7 +174,7 @@ def build_compiled(model: Any, settings: Any) -> tuple[list[Backend], Any, Any, 
 def _lookup(section: Any) -> Callable[[Any, Backend], Artifact | None]:
     """part, backend -> the part's usable artifact, or None (one warning per cause)."""
     stored = {(p["backend"], tuple(p["nodes"])): p["artifact"] for p in section.parts if p["artifact"] is not None}
-    said: set[str] = set()
+    said = section.said
     machine: list[str] = []
 
     def find(part: Any, backend: Backend) -> Artifact | None:

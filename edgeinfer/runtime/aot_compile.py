@@ -72,8 +72,8 @@ def _section(plan: Any, threads: int | None, output: Path) -> Any:
         if made is not None:  # bound to its part's inputs and outputs (aot checks them at load)
             index = len(artifacts)
             artifacts.append(_stored(made, {"inputs": list(part.inputs), "outputs": list(part.outputs)}))
-        parts.append({"backend": compiled_part.part.backend, "nodes": list(compiled_part.part.nodes),
-                      "artifact": index})
+        parts.append({"backend": part.backend, "nodes": list(part.nodes), "artifact": index,
+                      "inputs": list(part.graph.inputs), "outputs": list(part.graph.outputs)})
     choice = plan.auto_choice
     auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
                                         "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}

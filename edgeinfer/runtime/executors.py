@@ -65,9 +65,10 @@ class PlanRunner:
         self.parts = list(parts)
         self.output_names = graph.output_names
         produced = {o for p in self.parts for o in p.outputs}
-        inits = graph.initializers
         # an output that no part produces is a graph input or a constant
-        self.constant_outputs = {n: inits[n] for n in self.output_names if n not in produced and n in inits}
+        unproduced = [n for n in self.output_names if n not in produced]
+        inits = graph.initializers if unproduced else {}
+        self.constant_outputs = {n: inits[n] for n in unproduced if n in inits}
         self.failure: tuple[int, BaseException, dict[str, Any]] | None = None  # see prove()
         keep = set(self.output_names)
         last_reader: dict[str, int] = {}

@@ -30,7 +30,7 @@ log = logging.getLogger("edgeinfer.runtime.parts")
 def engine_compile(backend: Backend, graph: Graph, options: CompileOptions) -> Executable:
     """``backend`` compiles ``graph``: the runtime's only call of ``Backend.compile``. An
     ahead-of-time artifact that fails to build is said once and the graph compiled from the IR."""
-    if options.artifact is not None:
+    if options.artifact is not None and graph.nodes:  # a node-less stand-in (aot.build_lean) has no IR to fall to
         try:
             return backend.compile(graph, options)
         except Exception as exc:  # noqa: BLE001 - any failure of a stored artifact: the IR is the truth

@@ -291,14 +291,6 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     from edgeinfer.runtime import placement
 
     graph = model.graph
-    if settings.compiled is not None:  # a compiled .eim: its stored plan, parts from their artifacts
-        from edgeinfer.runtime.aot import build_compiled
-
-        backends, plan, runner, notes, excluded = build_compiled(model, settings)
-        compiled = CompiledPlan(None, settings, graph, backends, plan, runner, settings.compiled.executor)
-        compiled.repartitions.extend(notes)
-        compiled.excluded, compiled.section = excluded, settings.compiled
-        return compiled
     executor = settings.executor
     local = "sequential" if executor == "ray" else executor  # Ray: the actors compile the stages
     auto_choice = None

@@ -21,9 +21,10 @@ import numpy as np
 from edgeinfer.backend import Executable, check_device
 from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.model import Model, TensorInfo
-from edgeinfer.runtime.aot import section_for
+from edgeinfer.runtime.aot import resolve
 from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
+from edgeinfer.runtime.lean import compiled_plan as section_plan
 from edgeinfer.runtime.options import check_choice, from_keywords, gather
 from edgeinfer.runtime.options import engine_options as merged_engine_options
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
@@ -62,14 +63,10 @@ class Session:
         from edgeinfer.runtime import placement
 
         opts, engine_options = from_keywords(gather(options), dict(engine_options))
-        if not isinstance(model, Model):
-            from edgeinfer.api import load_any
-
-            model = load_any(model)
+        # a compiled .eim whose plan is what is asked: its plan, its graph not read (aot.resolve)
+        model, section, backend, executor = resolve(model, backend, executor)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise BackendError(f"threads must be a positive integer, got {threads!r}")
-        section = section_for(backend, executor, model)  # a compiled .eim's plan, where it is what is asked
-        backend, executor = (section.backends, section.executor) if section else ("numpy" if backend is None else backend, executor)
         run, stream = opts.run, opts.stream
         self.model, self.threads, self.device, self.options = model, threads, check_device(device), opts
         self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if run.debug is None else run.debug
@@ -97,7 +94,9 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._example = self._checker.check(run.example_feeds) if run.example_feeds is not None else None
-        if not self._settings.per_signature:
+        if section is not None:  # a compiled .eim: its stored plan, from its artifacts
+            self._single = self._current = section_plan(model, self._settings)
+        elif not self._settings.per_signature:
             self._single = self._current = build_plan(model, self._settings, None, None)
         else:
             sample = self._example if self._example is not None else (

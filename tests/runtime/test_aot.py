@@ -68,11 +68,15 @@ def test_a_compiled_file_runs_its_plan_from_the_stored_artifact(engine, compiled
               "openvino": "edgeinfer.backends.openvino.convert.export"}[engine]
     monkeypatch.setattr(target, no_export)
     model = ei.load(compiled[engine])
-    assert model.compiled.parts == [{"backend": engine, "nodes": list(range(len(model.graph.nodes))), "artifact": 0}]
+    assert [(p["backend"], p["nodes"], p["artifact"]) for p in model.compiled.parts] == \
+        [(engine, list(range(len(model.graph.nodes))), 0)]
+    assert [v.name for v in model.compiled.parts[0]["outputs"]] == ["logits"]
     with ei.Session(compiled[engine]) as session:  # no backend: the file's own plan
-        assert [p.backend for p in session.plan.parts] == [engine]
-        assert "compiled ahead of time" in session.compiled_plan(feeds).describe()
         assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)
+        assert not session.model.loaded  # built from the artifact: the graph was never read
+        assert [p.backend for p in session.plan.parts] == [engine]
+        assert "compiled ahead of time" in session.compiled_plan(feeds).describe()  # reads the graph to say it
+        assert session.model.loaded and len(session.model.graph.nodes) == len(model.graph.nodes)
     with ei.Session(compiled[engine], backend=engine) as session:  # the same backend named: the same plan
         assert session.compiled_plan(feeds).section is not None
 
@@ -254,3 +258,33 @@ def test_a_flatbuffer_whose_outputs_the_exporter_renamed_loads_from_its_artifact
     native.set_tensor(native.get_input_details()[0]["index"], list(feeds.values())[0])
     native.invoke()
     assert_close(got, native.get_tensor(native.get_output_details()[0]["index"]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_lean_session_streams_and_describes_by_reading_its_graph_then(compiled, feeds, expected):
+    with ei.Session(compiled["onnxruntime"], threads=2) as session:
+        assert not session.model.loaded
+        got = list(session.stream([feeds] * 6, stages=1))
+        assert session.model.loaded  # the stage planner works on the graph
+    for out in got:
+        assert_close(out["logits"], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_first_run_that_fails_on_the_artifacts_is_run_again_from_the_ir(compiled, feeds, expected, monkeypatch,
+                                                                           caplog):
+    from edgeinfer.backends.onnxruntime.backend import OnnxRuntimeExecutable
+
+    original = OnnxRuntimeExecutable.run
+    calls = []
+
+    def fails_once(self, inputs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ei.BackendError("a kernel failed")
+        return original(self, inputs)
+
+    monkeypatch.setattr(OnnxRuntimeExecutable, "run", fails_once)
+    with caplog.at_level(logging.WARNING), ei.Session(compiled["onnxruntime"]) as session:
+        got = session.run(feeds)["logits"]
+        assert session.model.loaded
+    assert any("first run from the stored artifacts failed" in r.getMessage() for r in caplog.records)
+    assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
