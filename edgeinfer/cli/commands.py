@@ -331,7 +331,7 @@ def _key_value(text: str) -> tuple[str, str]:
 def _check_delegate_backends(backend_options: dict | None, contenders: list) -> None:
     if backend_options is None:
         return
-    names = {name for c in contenders for name in ([c] if isinstance(c, str) else c)}
+    names = {name for c in contenders for name in ([c] if isinstance(c, str) else c or ["numpy"])}  # None: numpy
     if not names & {"tflite", "auto"}:
         raise InputError(f"--delegate is for the tflite backend; the backends asked for are {sorted(names)}")
 
