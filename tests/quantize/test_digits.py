@@ -175,7 +175,12 @@ def test_min_sqnr_keeps_layers_float_until_the_target_holds(fp32, digits):
     held_out = [{"image": digits.test_x[:256]}]
     plain = quantize(fp32, _batches(digits.train_x))
     plain_db = output_quality(fp32.graph, plain.graph, held_out)[0].sqnr_db
-    target = plain_db + 2.0
+    # the search scores its own INT8 (GPTQ-rounded weights) on its samples, which may score above
+    # plain INT8 on held-out images (43.1 vs 38.9 dB with scikit-learn 1.9 / onnxruntime 1.32): the
+    # target is 2 dB over both
+    met_already = quantize(fp32, _batches(digits.train_x), min_sqnr=0.0)
+    searched_db = json.loads(met_already.metadata["quantization"])["mixed_precision"]["int8_sqnr_db"]
+    target = max(plain_db, searched_db) + 2.0
     mixed = quantize(fp32, _batches(digits.train_x), min_sqnr=target)
     record = json.loads(mixed.metadata["quantization"])["mixed_precision"]
     assert record["met"] and record["sqnr_db"] >= target and record["int8_sqnr_db"] < target
