@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from edgeinfer.errors import BackendError, first_line
+from edgeinfer.log import Logger
 
 __all__ = ["first_line", "merged_options", "missing_device", "refuse_unsupported"]
 
@@ -30,7 +30,7 @@ def refuse_unsupported(engine: str, graph_name: str, refused: Mapping[str, str] 
         raise BackendError(f"{engine} cannot run {len(items)} node(s) of graph {graph_name!r}: {listed}")
 
 
-def missing_device(message: str, fallback: bool, log: logging.Logger, instead: str) -> None:
+def missing_device(message: str, fallback: bool, log: Logger, instead: str) -> None:
     """``message`` (what was asked, what this machine has) as a ``BackendError``, or with
     ``fallback`` as a warning followed by ``instead`` (where it runs now)."""
     if not fallback:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 import os
 import warnings
 from pathlib import Path
@@ -124,6 +123,8 @@ def convert(source: Any, *, optimize: int = 1, input_shapes: dict[str, tuple] | 
 
     name = detect_frontend(source)
     frontend = _frontend(name)
+    import inspect  # here: loading a model for a device converts nothing
+
     parameters = inspect.signature(frontend.convert).parameters
     takes_any = any(p.kind == p.VAR_KEYWORD for p in parameters.values())
     unknown = sorted(k for k in options if k not in parameters and not takes_any)

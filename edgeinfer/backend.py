@@ -18,14 +18,13 @@ is ``"cpu"``, ``"gpu"`` or ``"npu"``; a device the engine cannot reach here rais
 from __future__ import annotations
 
 import importlib
-import logging
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgeinfer.errors import BackendError
+from edgeinfer.log import get_logger
 
 if TYPE_CHECKING:  # annotations only: the CLI lists backends without importing the IR (onnx)
     import numpy as np
@@ -33,29 +32,51 @@ if TYPE_CHECKING:  # annotations only: the CLI lists backends without importing 
     from edgeinfer.ir import Graph, Node
 
 
-@dataclass
 class CompileOptions:
-    threads: int | None = None  # None: the engine's default
-    debug: bool = False  # per-node timing and shapes
-    # False when other executables run on the same cores at the same time (DAG and pipeline
-    # executors): an engine's idle worker threads must then sleep rather than spin.
-    busy_wait: bool = True
-    engine_options: dict[str, Any] = field(default_factory=dict)  # backend-specific
-    # the engine-ready form of this very graph made ahead of time (``edgeinfer compile``): a
-    # backend that knows the kind builds from it instead of exporting the graph again
-    artifact: Artifact | None = None
+    """How a backend compiles a graph. A plain class (a device's cold start imports this module and
+    no ``dataclasses``); ``replace`` returns a changed copy."""
+
+    __slots__ = ("threads", "debug", "busy_wait", "engine_options", "artifact")
+
+    def __init__(self, threads: int | None = None, debug: bool = False, busy_wait: bool = True,
+                 engine_options: dict[str, Any] | None = None, artifact: Artifact | None = None) -> None:
+        self.threads = threads  # None: the engine's default
+        self.debug = debug  # per-node timing and shapes
+        # False when other executables run on the same cores at the same time (DAG and pipeline
+        # executors): an engine's idle worker threads must then sleep rather than spin.
+        self.busy_wait = busy_wait
+        self.engine_options: dict[str, Any] = {} if engine_options is None else engine_options  # backend-specific
+        # the engine-ready form of this very graph made ahead of time (``edgeinfer compile``): a
+        # backend that knows the kind builds from it instead of exporting the graph again
+        self.artifact = artifact
+
+    def replace(self, **changes: Any) -> CompileOptions:
+        return CompileOptions(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CompileOptions) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return "CompileOptions(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
-@dataclass(frozen=True)
 class Artifact:
     """An engine-ready form of a compiled part, stored in a compiled ``.eim``
     (``edgeinfer.runtime.aot``): ``kind`` names the form (``"onnx"``: onnxruntime's model bytes,
     ``"tflite"``: a flatbuffer), ``data`` its bytes (a read-only view into the mapped file),
     ``facts`` what the engine needs beside them (JSON values)."""
 
-    kind: str
-    data: Any
-    facts: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ("kind", "data", "facts")
+
+    def __init__(self, kind: str, data: Any, facts: dict[str, Any] | None = None) -> None:
+        self.kind = kind
+        self.data = data
+        self.facts: dict[str, Any] = {} if facts is None else facts
+
+    def __repr__(self) -> str:
+        return f"Artifact(kind={self.kind!r}, {len(self.data)} bytes, facts={self.facts!r})"
 
 
 class Executable(ABC):
@@ -167,7 +188,7 @@ DEVICES = ("cpu", "gpu", "npu")
 # Named torch devices (``cuda:N``, ``mps``): only a backend whose module says it
 # ``accepts_device`` them is created for one (the torch backend).
 _NAMED_DEVICE = re.compile(r"cuda:\d+|mps")
-log = logging.getLogger("edgeinfer.backend")
+log = get_logger("edgeinfer.backend")
 
 
 def check_option_names(backend: str, engine_options: Mapping[str, Any], allowed: Sequence[str]) -> dict[str, Any]:

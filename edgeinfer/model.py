@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from edgeinfer.ir import Graph
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """A model input or output: name, dtype name, shape (symbolic dims as strings)."""
 
     name: str

@@ -23,11 +23,9 @@ thread safe.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,6 +35,7 @@ from edgeinfer.backends.common import first_line, merged_options, missing_device
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph, Node
 from edgeinfer.ir.mapped import FileSpan, file_span
+from edgeinfer.log import get_logger
 
 from .int8 import EXACT_REWRITE
 
@@ -73,7 +72,7 @@ PREPACK_AUTO_LIMIT = 1 << 30
 _SHAREABLE_KINDS = "fiub"  # numpy's own types; ml_dtypes (bfloat16, float8, int4) are serialized
 FOLDER_CONFIG = "session.model_external_initializers_file_folder_path"
 ARTIFACT_KIND = "onnx"  # the ahead-of-time form (artifact.py)
-log = logging.getLogger("edgeinfer.backends.onnxruntime")
+log = get_logger("edgeinfer.backends.onnxruntime")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")  # the domains onnx.defs (and onnxruntime) implement
 _CONTRIB_OPS = {("com.microsoft", "MatMulNBits")}  # onnxruntime's own ops that edgeinfer writes
 _NODE_PATTERNS = (
@@ -284,18 +283,19 @@ class OnnxRuntimeBackend(Backend):
         return session, node_names, [*routes.arrays, *external], routes
 
 
-@dataclass
 class WeightRoutes:
     """How a graph's initializers reach onnxruntime: ``file`` (external-data references into
     the memory-mapped file they are views of, read by onnxruntime from ``folder``), ``memory``
-    (OrtValues over ``arrays``, named ``names``) or ``protobuf`` (serialized in the model)."""
+    (OrtValues over ``arrays``, named ``names``) or ``protobuf`` (serialized in the model).
+    A plain class: a device's cold start imports this module and no ``dataclasses``."""
 
-    folder: str | None = None
-    files: list[FileSpan] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    arrays: list[np.ndarray] = field(default_factory=list)
-    counts: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in ("file", "memory", "protobuf")})
-    reasons: dict[str, int] = field(default_factory=dict)  # why big weights went to memory -> bytes
+    def __init__(self, folder: str | None = None) -> None:
+        self.folder = folder
+        self.files: list[FileSpan] = []
+        self.names: list[str] = []
+        self.arrays: list[np.ndarray] = []
+        self.counts: dict[str, list[int]] = {k: [0, 0] for k in ("file", "memory", "protobuf")}
+        self.reasons: dict[str, int] = {}  # why big weights went to memory -> bytes
 
     def add(self, route: str, nbytes: int) -> None:
         self.counts[route][0] += 1

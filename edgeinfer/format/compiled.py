@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import ModelFormatError
@@ -40,33 +39,39 @@ _ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes", "sha256")
 _ALIGNMENT = 64
 
 
-@dataclass
 class StoredArtifact:
-    """An artifact as the file holds it: ``data`` a read-only view (not yet checked)."""
+    """An artifact as the file holds it: ``data`` a read-only view (not yet checked). Plain
+    classes here and below: a device's cold start reads this module and imports no ``dataclasses``."""
 
-    kind: str
-    facts: dict[str, Any]
-    data: Any
-    sha256: str
-    checked: bool = False
+    __slots__ = ("kind", "facts", "data", "sha256", "checked")
+
+    def __init__(self, kind: str, facts: dict[str, Any], data: Any, sha256: str, checked: bool = False) -> None:
+        self.kind, self.facts, self.data, self.sha256, self.checked = kind, facts, data, sha256, checked
 
 
-@dataclass
 class CompiledSection:
     """What ``edgeinfer compile`` decided and built (see the module docstring)."""
 
-    backends: list[str]
-    assignment: list[str]
-    executor: str
-    threads: int | None
-    machine: str
-    engines: dict[str, str]
-    digest: str
-    parts: list[dict[str, Any]]
-    artifacts: list[StoredArtifact] = field(default_factory=list)
-    auto: dict[str, Any] | None = None
-    source: str = ""  # the file it was read from
-    said: set[str] = field(default_factory=set)  # why its artifacts went unused, each said once
+    def __init__(self, backends: list[str], assignment: list[str], executor: str, threads: int | None, machine: str,
+                 engines: dict[str, str], digest: str, parts: list[dict[str, Any]],
+                 artifacts: list[StoredArtifact] | None = None, auto: dict[str, Any] | None = None,
+                 source: str = "") -> None:
+        self.backends = backends
+        self.assignment = assignment
+        self.executor = executor
+        self.threads = threads
+        self.machine = machine
+        self.engines = engines
+        self.digest = digest
+        self.parts = parts
+        self.artifacts: list[StoredArtifact] = [] if artifacts is None else artifacts
+        self.auto = auto
+        self.source = source  # the file it was read from
+        self.said: set[str] = set()  # why its artifacts went unused, each said once
+
+    def __repr__(self) -> str:
+        return (f"CompiledSection(backends={self.backends}, executor={self.executor!r}, threads={self.threads}, "
+                f"machine={self.machine!r}, {len(self.parts)} parts, {len(self.artifacts)} artifacts)")
 
     def artifact(self, index: int) -> StoredArtifact:
         """Artifact ``index``, its bytes checked against the SHA-256 the section records."""

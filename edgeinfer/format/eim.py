@@ -74,7 +74,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import logging
 import lzma
 import mmap
 import os
@@ -82,8 +81,7 @@ import stat
 import struct
 import sys
 import zlib
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -101,6 +99,7 @@ from edgeinfer.format.document import (
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.mapped import register_mapped_file
 from edgeinfer.ir.weights import weight_products
+from edgeinfer.log import get_logger
 from edgeinfer.model import Model
 from edgeinfer.progress import Step, Steps, steps
 
@@ -130,7 +129,7 @@ MAX_JSON_BYTES = limits.MAX_DOCUMENT_BYTES
 MAX_RANK = limits.MAX_RANK
 _TOP_FIELDS = ("format", "version", "metadata", "tensors", "graph")
 _COMPILED_FIELD = "compiled"  # version 3.3, optional: compiled.py
-log = logging.getLogger("edgeinfer.format")
+log = get_logger("edgeinfer.format")
 WRITE_BLOCK_BYTES = 64 << 20  # a progress step, and the most copied at once for a strided tensor
 
 
@@ -144,8 +143,7 @@ def tensor_alignment(nbytes: int, itemsize: int, major: int = FORMAT_VERSION[0])
     return ALIGNMENT if major < 2 or nbytes >= ALIGNMENT else max(itemsize, 1)
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     major: int
     minor: int
     flags: int
@@ -608,8 +606,7 @@ def stale(section: Any, source: str) -> None:
                 "compiles from its IR", source, section.digest[:12])
 
 
-@dataclass(frozen=True)
-class _Span:
+class _Span(NamedTuple):
     index: int
     dtype: np.dtype
     shape: tuple[int, ...]

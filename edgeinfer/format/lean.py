@@ -11,7 +11,6 @@ initializers a part's artifact reads come from the document, the graph itself fr
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,19 +34,21 @@ from edgeinfer.ir import Value
 from edgeinfer.ir.weights import widen_stored
 
 
-@dataclass
 class CompiledFile:
     """What a compiled ``.eim`` says without its graph."""
 
-    source: str
-    section: CompiledSection
-    name: str
-    inputs: list[Value]
-    outputs: list[Value]
-    metadata: dict[str, str]
-    _reader: DocumentReader
-    _initializers: dict[str, int]  # name -> tensor index
-    _graph_metadata: dict[str, str]
+    def __init__(self, source: str, section: CompiledSection, name: str, inputs: list[Value], outputs: list[Value],
+                 metadata: dict[str, str], reader: DocumentReader, initializers: dict[str, int],
+                 graph_metadata: dict[str, str]) -> None:
+        self.source = source
+        self.section = section
+        self.name = name
+        self.inputs = inputs
+        self.outputs = outputs
+        self.metadata = metadata
+        self._reader = reader
+        self._initializers = initializers  # name -> tensor index
+        self._graph_metadata = graph_metadata
 
     def weights(self, names: list[str]) -> dict[str, np.ndarray]:
         """The initializers ``names`` as the loaded graph holds them (stored narrow: widened)."""

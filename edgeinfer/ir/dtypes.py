@@ -10,7 +10,6 @@ types (float8, int4, ...) come from ``onnx.helper``, so the two never disagree.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -172,9 +171,30 @@ def type_from_onnx(tp: Any) -> tuple[str | None, tuple | None]:
     return dtype, tuple(dims)
 
 
-@dataclass(frozen=True)
 class TypeSpec:
-    """A type held as an attribute value (ONNX ``TYPE_PROTO`` attributes, e.g. ``Optional``)."""
+    """A type held as an attribute value (ONNX ``TYPE_PROTO`` attributes, e.g. ``Optional``).
+    Immutable; a plain class, not a tuple (attribute code tells tuples of values apart) nor a
+    dataclass (a device's cold start imports this module and no ``dataclasses``)."""
 
+    __slots__ = ("dtype", "shape")
     dtype: str | None
-    shape: tuple | None = None
+    shape: tuple | None
+
+    def __init__(self, dtype: str | None, shape: tuple | None = None) -> None:
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"TypeSpec is immutable: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TypeSpec) and (self.dtype, self.shape) == (other.dtype, other.shape)
+
+    def __hash__(self) -> int:
+        return hash((self.dtype, self.shape))
+
+    def __reduce__(self) -> tuple:  # copy and deepcopy rebuild it through __init__
+        return TypeSpec, (self.dtype, self.shape)
+
+    def __repr__(self) -> str:
+        return f"TypeSpec(dtype={self.dtype!r}, shape={self.shape!r})"

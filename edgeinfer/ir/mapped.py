@@ -26,13 +26,12 @@ import mmap
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class FileSpan:
+class FileSpan(NamedTuple):
     """An array's bytes in a file: ``nbytes`` bytes from ``offset`` of the file at ``path``."""
 
     path: str  # the file's real path (symlinks resolved when it was mapped)
@@ -45,8 +44,7 @@ class FileSpan:
         return file_identity(self.path) == self.identity
 
 
-@dataclass(frozen=True)
-class _MappedFile:
+class _MappedFile(NamedTuple):
     ref: weakref.ref
     path: str
     file_offset: int  # where in the file the map's first byte is

@@ -14,7 +14,6 @@ have their recorded SHA-256; otherwise that part compiles from the IR, with one 
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import threading
@@ -23,9 +22,10 @@ from typing import Any
 
 from edgeinfer.backend import Artifact, Backend
 from edgeinfer.errors import EdgeInferError, ModelFormatError
+from edgeinfer.log import get_logger
 from edgeinfer.model import Model, TensorInfo
 
-log = logging.getLogger("edgeinfer.runtime.aot")
+log = get_logger("edgeinfer.runtime.aot")
 
 
 def machine_key() -> str:

@@ -23,14 +23,12 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
     where given, else random data) and each part's artifact; returns the model as loaded from
     the file. ``shapes`` ({input: shape}) binds symbolic dims for good; without them a model with
     symbolic dims needs ``example_feeds``, and its plan and artifacts keep the symbolic dims."""
-    from dataclasses import replace
-
     import numpy as np
 
     from edgeinfer.api import load_any
     from edgeinfer.format.eim import load_model, save_model
     from edgeinfer.model import Model
-    from edgeinfer.runtime.options import gather
+    from edgeinfer.runtime.options import gather, replace
     from edgeinfer.runtime.session import Session
 
     if not isinstance(model, Model):

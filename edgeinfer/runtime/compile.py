@@ -11,7 +11,6 @@ so all of them re-partition.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -19,11 +18,12 @@ from typing import Any
 from edgeinfer.backend import Backend, CompileOptions
 from edgeinfer.errors import BackendError, first_line
 from edgeinfer.ir import Graph
+from edgeinfer.log import get_logger
 from edgeinfer.runtime.executors import DagExecutor, PlanRunner, SequentialExecutor
 from edgeinfer.runtime.parts import CompiledPart, PartCompileError, close_executable, engine_compile
 from edgeinfer.runtime.placement import EXECUTORS, REFERENCE, Plan, concurrency, make_plan
 
-log = logging.getLogger("edgeinfer.runtime.compile")
+log = get_logger("edgeinfer.runtime.compile")
 
 
 def compile_parts(plan: Plan, backends: Sequence[Backend], *, threads: int | None, debug: bool = False,

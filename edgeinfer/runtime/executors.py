@@ -15,31 +15,21 @@ keeps one of the parts it made ready, so a chain of parts does not bounce betwee
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeinfer.errors import InputError, SchedulerError
 from edgeinfer.ir import Graph
+from edgeinfer.runtime.futures import settle
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from edgeinfer.runtime.parts import CompiledPart
-
-
-def settle(future: Future, *, result: Any = None, error: BaseException | None = None) -> None:
-    """Complete ``future`` unless it is already done (closing and finishing may race)."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 def host_key(name: str) -> tuple[str, str]:
@@ -276,6 +266,8 @@ class DagExecutor(PlanRunner):
                 if name not in keep:
                     self._readers[name] = self._readers.get(name, 0) + 1
         self.workers = workers
+        import queue  # here: a model loaded to answer once runs no DAG
+
         self._offers: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._helpers = [threading.Thread(target=self._serve, name=f"edgeinfer-dag-{i}", daemon=True)
                          for i in range(workers - 1)]
@@ -300,6 +292,8 @@ class DagExecutor(PlanRunner):
         with self._lock:
             if self._closed:
                 raise SchedulerError("DAG executor: submit after close(); create a new Session")
+            from concurrent.futures import Future, ThreadPoolExecutor
+
             if self._async is None:
                 self._async = ThreadPoolExecutor(max_workers=max(1, self.workers - 1),
                                                  thread_name_prefix="edgeinfer-dag-async")

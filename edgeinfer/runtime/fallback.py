@@ -12,16 +12,16 @@ success; from then on its runs go straight to its runner.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from edgeinfer.backend import Backend, CompileOptions
 from edgeinfer.errors import InputError, first_line
+from edgeinfer.log import get_logger
 from edgeinfer.runtime.compile import bar, compile, probe_units
 from edgeinfer.runtime.parts import close_executable, engine_compile
 
-log = logging.getLogger("edgeinfer.runtime.fallback")
+log = get_logger("edgeinfer.runtime.fallback")
 REFERENCE = "numpy"
 
 

@@ -15,9 +15,8 @@ A model whose inputs are all static has one signature, ``static``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,8 +25,7 @@ from edgeinfer.ir import dtypes
 from edgeinfer.model import TensorInfo
 
 
-@dataclass(frozen=True)
-class Signature:
+class Signature(NamedTuple):
     """Symbol -> value (or bucket label), sorted by symbol."""
 
     dims: tuple[tuple[str, int | str], ...] = ()

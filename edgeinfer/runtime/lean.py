@@ -5,12 +5,12 @@ a file."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from edgeinfer.backend import CompileOptions
 from edgeinfer.errors import InputError, first_line
 from edgeinfer.ir import Graph
+from edgeinfer.log import get_logger
 from edgeinfer.runtime.aot import LazyModel, _lookup, build_compiled
 from edgeinfer.runtime.executors import SequentialExecutor
 from edgeinfer.runtime.fallback import run_proving
@@ -19,7 +19,7 @@ from edgeinfer.runtime.parts import CompiledPart, PartCompileError
 from edgeinfer.runtime.placement import REFERENCE, Plan, make_backends
 from edgeinfer.runtime.plans import CompiledPlan
 
-log = logging.getLogger("edgeinfer.runtime.lean")
+log = get_logger("edgeinfer.runtime.lean")
 
 
 def compiled_plan(model: Any, settings: Any) -> CompiledPlan:

@@ -20,14 +20,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgeinfer.errors import BackendError
 
 
-@dataclass(frozen=True)
-class RunOptions:
+class RunOptions(NamedTuple):
     fallback: bool = False  # run on the CPU, with a warning, where the device is missing
     debug: bool | None = None  # per-node timing and shapes (None: $EDGEINFER_DEBUG)
     backend_options: Mapping[str, Mapping[str, Any]] | None = None  # engine options per backend name
@@ -36,22 +34,26 @@ class RunOptions:
     plan_cache_size: int = 8  # signatures kept compiled (least recently used closed first)
 
 
-@dataclass(frozen=True)
-class AutoOptions:
+class AutoOptions(NamedTuple):
     cache: str | os.PathLike | bool | None = None  # the choice's disk cache folder (False: off)
 
 
-@dataclass(frozen=True)
-class StreamOptions:
+class _StreamFields(NamedTuple):
     stages: int | str | None = "auto"  # pipeline stages (or "auto": the planner decides)
     replicas: int | Sequence[int] | str | None = "auto"  # workers per stage
     plan_budget: float | None = None  # seconds the stage planner may spend on candidates
 
-    def __post_init__(self) -> None:
-        check_choice(self.stages, self.replicas)
-        budget = self.plan_budget
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
-            raise BackendError(f"plan_budget {budget!r}: expected a positive number of seconds")
+
+class StreamOptions(_StreamFields):
+    __slots__ = ()
+
+    def __new__(cls, stages: int | str | None = "auto", replicas: int | Sequence[int] | str | None = "auto",
+                plan_budget: float | None = None) -> StreamOptions:
+        check_choice(stages, replicas)
+        if plan_budget is not None and (isinstance(plan_budget, bool) or not isinstance(plan_budget, (int, float))
+                                        or plan_budget <= 0):
+            raise BackendError(f"plan_budget {plan_budget!r}: expected a positive number of seconds")
+        return super().__new__(cls, stages, replicas, plan_budget)
 
 
 def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str | None) -> None:
@@ -67,8 +69,7 @@ def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str |
     raise BackendError(f"replicas {replicas!r}: expected a positive integer, a list of them, or 'auto'")
 
 
-@dataclass(frozen=True)
-class RayOptions:
+class RayOptions(NamedTuple):
     address: str | None = None  # None: a local Ray instance; "ray://host:port" or "auto"
     stage_resources: Any = None  # one dict of actor resources for every stage, or one per stage
     transfer_bytes_per_second: float | None = None
@@ -80,26 +81,31 @@ class RayOptions:
         if self.address is not None and not isinstance(self.address, str):
             raise BackendError(f"address: expected None (a local Ray instance) or 'ray://host:port', "
                                f"got {self.address!r}")
-        extra = {f.name: getattr(self, f.name) for f in fields(self)[2:] if getattr(self, f.name) is not None}
+        extra = {name: getattr(self, name) for name in self._fields[2:] if getattr(self, name) is not None}
         return {"address": self.address, "stage_resources": self.stage_resources, **extra}
 
 
 OPTION_TYPES = (RunOptions, AutoOptions, StreamOptions, RayOptions)
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """One of each option group (the defaults where a caller gave none)."""
 
-    run: RunOptions = field(default_factory=RunOptions)
-    auto: AutoOptions = field(default_factory=AutoOptions)
-    stream: StreamOptions = field(default_factory=StreamOptions)
-    ray: RayOptions = field(default_factory=RayOptions)
+    run: RunOptions = RunOptions()
+    auto: AutoOptions = AutoOptions()
+    stream: StreamOptions = StreamOptions()
+    ray: RayOptions = RayOptions()
+
+
+def replace(options: Any, **changes: Any) -> Any:
+    """A copy of an option object with ``changes``, checked again as at construction. (Option
+    objects are named tuples, not dataclasses: a device's cold start imports no ``dataclasses``.)"""
+    return type(options)(**{**options._asdict(), **changes})
 
 
 _SLOTS = {RunOptions: "run", AutoOptions: "auto", StreamOptions: "stream", RayOptions: "ray"}
 # each deprecated Session keyword -> the option group that takes it now
-_KEYWORDS = {f.name: cls for cls in (RunOptions, AutoOptions, StreamOptions) for f in fields(cls)}
+_KEYWORDS = {name: cls for cls in (RunOptions, AutoOptions, StreamOptions) for name in cls._fields}
 _KEYWORDS.update(address=RayOptions, stage_resources=RayOptions, ray_options=RayOptions)
 
 
@@ -154,7 +160,7 @@ def _mapped(options: Options, old: Mapping[str, Any]) -> tuple[Options, dict[str
         cls = _KEYWORDS[name]
         if name == "ray_options":
             value = dict(value or {})
-            allowed = [f.name for f in fields(RayOptions)[2:]]
+            allowed = list(RayOptions._fields[2:])
             unknown = sorted(set(value) - set(allowed))
             if unknown:
                 raise BackendError(f"ray_options: unknown key(s) {unknown}; expected some of {allowed}")

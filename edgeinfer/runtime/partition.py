@@ -22,28 +22,38 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from edgeinfer.backend import Backend, part_note
 from edgeinfer.errors import BackendError
 from edgeinfer.ir import Graph
 
 
-@dataclass
 class Assignment:
-    """node index (in graph order) -> backend name, and why earlier backends declined."""
+    """node index (in graph order) -> backend name, and why earlier backends declined. Plain
+    classes here (a device's cold start imports this module and no ``dataclasses``)."""
 
-    backends: list[str]
-    declined: dict[int, dict[str, str]] = field(default_factory=dict)  # index -> {backend: reason}
+    __slots__ = ("backends", "declined")
+
+    def __init__(self, backends: list[str], declined: dict[int, dict[str, str]] | None = None) -> None:
+        self.backends = backends
+        self.declined: dict[int, dict[str, str]] = {} if declined is None else declined  # index -> {backend: reason}
+
+    def __repr__(self) -> str:
+        return f"Assignment(backends={self.backends!r}, declined={self.declined!r})"
 
 
-@dataclass
 class Part:
     """A self-contained subgraph placed on one backend."""
 
-    backend: str
-    nodes: list[int]  # indices into the partitioned graph's nodes, in graph order
-    graph: Graph
+    __slots__ = ("backend", "nodes", "graph")
+
+    def __init__(self, backend: str, nodes: list[int], graph: Graph) -> None:
+        self.backend = backend
+        self.nodes = nodes  # indices into the partitioned graph's nodes, in graph order
+        self.graph = graph
+
+    def __repr__(self) -> str:
+        return f"Part(backend={self.backend!r}, nodes={self.nodes!r})"
 
     @property
     def inputs(self) -> list[str]:

@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 import weakref
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,11 +18,12 @@ import numpy as np
 from edgeinfer.backend import Backend, CompileOptions, Executable
 from edgeinfer.errors import BackendError, SchedulerError, first_line
 from edgeinfer.ir import Graph
+from edgeinfer.log import get_logger
 
 if TYPE_CHECKING:
     from edgeinfer.runtime.partition import Part
 
-log = logging.getLogger("edgeinfer.runtime.parts")
+log = get_logger("edgeinfer.runtime.parts")
 
 
 def engine_compile(backend: Backend, graph: Graph, options: CompileOptions) -> Executable:
@@ -36,7 +35,7 @@ def engine_compile(backend: Backend, graph: Graph, options: CompileOptions) -> E
         except Exception as exc:  # noqa: BLE001 - any failure of a stored artifact: the IR is the truth
             log.warning("%s: the ahead-of-time artifact of graph %r failed (%s); compiled from the IR instead",
                         backend.name, graph.name, first_line(exc, 300))
-            options = replace(options, artifact=None)
+            options = options.replace(artifact=None)
     return backend.compile(graph, options)
 
 

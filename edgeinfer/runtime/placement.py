@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from edgeinfer.backend import Backend, get_backend, installed_backends
@@ -25,13 +24,15 @@ EXECUTORS = ("sequential", "dag")
 REFERENCE = "numpy"  # runs every ONNX op: the last resort of every placement
 
 
-@dataclass
 class Plan:
     """Where every node of ``graph`` runs: parts in a topological order."""
 
-    graph: Graph
-    assignment: Assignment
-    parts: list[Part]
+    __slots__ = ("graph", "assignment", "parts")
+
+    def __init__(self, graph: Graph, assignment: Assignment, parts: list[Part]) -> None:
+        self.graph = graph
+        self.assignment = assignment
+        self.parts = parts
 
     def describe(self) -> str:
         return describe(self.parts, self.assignment, self.graph)

@@ -13,22 +13,21 @@ keeps what it runs on).
 
 from __future__ import annotations
 
-import logging
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from edgeinfer.errors import SchedulerError
 from edgeinfer.ir import Graph
+from edgeinfer.log import get_logger
 from edgeinfer.runtime.compile import compile
 from edgeinfer.runtime.fallback import run_proving
 from edgeinfer.runtime.feeds import Signature
 
-log = logging.getLogger("edgeinfer.runtime.plans")
+log = get_logger("edgeinfer.runtime.plans")
 
 
 class Owned:
@@ -192,20 +191,22 @@ class PlanCache:
             retire(value)
 
 
-@dataclass
 class EngineSettings:
     """What a session asks of its plans (everything but the shapes)."""
 
-    backend: Any  # "auto", a name, a Backend, or a priority list
-    executor: str  # sequential | dag | auto | ray
-    threads: int | None = None
-    device: str = "cpu"
-    fallback: bool = False
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    debug: bool = False
-    cache: Any = None  # auto's disk cache folder (None: the default, False: off)
-    plan_cache_size: int = 8
-    compiled: Any = None  # the compiled section of an .eim this session runs (``aot``)
+    def __init__(self, backend: Any, executor: str, threads: int | None = None, device: str = "cpu",
+                 fallback: bool = False, options: dict[str, dict[str, Any]] | None = None, debug: bool = False,
+                 cache: Any = None, plan_cache_size: int = 8, compiled: Any = None) -> None:
+        self.backend = backend  # "auto", a name, a Backend, or a priority list
+        self.executor = executor  # sequential | dag | auto | ray
+        self.threads = threads
+        self.device = device
+        self.fallback = fallback
+        self.options: dict[str, dict[str, Any]] = {} if options is None else options
+        self.debug = debug
+        self.cache = cache  # auto's disk cache folder (None: the default, False: off)
+        self.plan_cache_size = plan_cache_size
+        self.compiled = compiled  # the compiled section of an .eim this session runs (``aot``)
 
     @property
     def per_signature(self) -> bool:

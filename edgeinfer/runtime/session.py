@@ -8,28 +8,31 @@ closes every plan, part, replica and stage plan.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgeinfer.backend import Executable, check_device
 from edgeinfer.errors import BackendError, InputError, SchedulerError
+from edgeinfer.log import get_logger
 from edgeinfer.model import Model, TensorInfo
 from edgeinfer.runtime.aot import resolve
 from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
+from edgeinfer.runtime.futures import chain
 from edgeinfer.runtime.lean import compiled_plan as section_plan
 from edgeinfer.runtime.options import check_choice, from_keywords, gather
 from edgeinfer.runtime.options import engine_options as merged_engine_options
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
 
-log = logging.getLogger("edgeinfer.runtime.session")
+if TYPE_CHECKING:  # futures are imported by the first run_async, not by a load
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+log = get_logger("edgeinfer.runtime.session")
 
 
 class Session:
@@ -249,9 +252,11 @@ class Session:
                 future = plan.runner.submit(checked)
                 if outputs is None:
                     return future
-                return _chain(future, lambda results: select_outputs(results, outputs))
+                return chain(future, lambda results: select_outputs(results, outputs))
         with self._lock:
             if self._async_pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 workers = max(1, (os.cpu_count() or 1) // (self.threads or os.cpu_count() or 1))
                 self._async_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgeinfer-async")
         return self._async_pool.submit(lambda: select_outputs(self._run_checked(checked), outputs))
@@ -382,18 +387,3 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise SchedulerError("session is closed: expected an open Session, create a new one")
-
-def _chain(future: Future, then: Callable[[Any], Any]) -> Future:
-    """A future of ``then(result)`` of ``future``."""
-    from edgeinfer.runtime.executors import settle
-
-    chained: Future = Future()
-
-    def done(source: Future) -> None:
-        try:
-            settle(chained, result=then(source.result()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            settle(chained, error=exc)
-
-    future.add_done_callback(done)
-    return chained

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgeinfer.errors import RequestTimeoutError, SchedulerError
-from edgeinfer.runtime.executors import settle
 from edgeinfer.runtime.feeds import select_outputs
+from edgeinfer.runtime.futures import settle
 from edgeinfer.runtime.stream.pipeline import Pipeline
 from edgeinfer.runtime.stream.planner import plan_stages
 from edgeinfer.runtime.stream.stages import PlanningCancelled, default_plan

@@ -181,3 +181,22 @@ def test_compile_probes_the_interpreter_so_a_part_fails_where_it_can_move():
     graph = ei.convert(parse_model(EDGE_PAD), optimize=0).graph
     with pytest.raises(BackendError, match=r"probed with zeros when compiled\): XNNPack delegate failed to reshape"):
         _probe(_RefusingInterpreter(), graph)
+
+
+def test_a_fixed_shape_part_takes_strided_feeds_and_refuses_another_dtype(cnn):
+    """A graph of fixed input shapes runs on idle engines with no per-request shape bookkeeping:
+    the engine copies a strided array itself, and a feed of another dtype is refused in one line."""
+    from edgeinfer.errors import BackendError
+
+    model, feeds = cnn
+    executable = get_backend("tflite").compile(model.graph, CompileOptions(threads=1))
+    expected = executable.run(feeds)["logits"]
+    (name, x), = feeds.items()
+    strided = np.asfortranarray(x)
+    assert not strided.flags.c_contiguous
+    np.testing.assert_array_equal(executable.run({name: strided})["logits"], expected)
+    with pytest.raises(BackendError, match="failed to run"):
+        executable.run({name: x.astype(np.float64)})
+    np.testing.assert_array_equal(executable.run(feeds)["logits"], expected)
+    assert executable.stats()["interpreters"] == 1
+    executable.close()
