@@ -49,11 +49,43 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
     opts = gather(options)
     if feeds is not None:
         opts = replace(opts, run=replace(opts.run, example_feeds=feeds))
+    run_feeds = feeds if feeds is not None else loaded.random_feeds()
     with Session(loaded, backend=backend, threads=threads, executor=executor, options=opts) as session:
-        plan = session.compiled_plan(feeds if feeds is not None else loaded.random_feeds())
+        plan = session.compiled_plan(run_feeds)
         loaded.compiled = _section(plan, threads, output)
     save_model(loaded, output)
+    choice = plan.auto_choice
+    if choice is not None and opts.auto.cold_start and choice.native not in (None, ",".join(choice.backends)):
+        _weigh_cold_start(loaded, choice, output, threads=threads, executor=executor, feeds=run_feeds, options=opts)
     return load_model(output)
+
+
+def _weigh_cold_start(model: Any, choice: Any, output: Path, *, threads: int | None, executor: str,
+                      feeds: dict[str, Any], options: Any) -> None:
+    """Auto's warm winner is not the native engine: compile the native engine's plan beside
+    ``output``, time both files' first result in fresh processes, and leave in ``output`` the
+    one ``coldstart.weigh`` keeps, its reason saying both figures."""
+    from edgeinfer.format.eim import load_model, save_model
+    from edgeinfer.log import get_logger
+    from edgeinfer.model import Model
+    from edgeinfer.runtime.coldstart import first_results, weigh
+
+    native_path = output.with_name(f".{output.stem}.native.eim")
+    try:
+        compile_model(Model(model.graph, model.metadata), native_path, backend=choice.native.split(","),
+                      threads=threads, executor=executor, example_feeds=feeds, options=options)
+        cold = first_results({"auto": output, "native": native_path}, [feeds[info.name] for info in model.inputs],
+                             threads)
+        kept, reason = weigh(choice, cold)
+        get_logger("edgeinfer.runtime.auto.progress").info("cold start: %s", reason)
+        written = load_model(output if kept else native_path)
+        written.compiled.auto = {"backends": choice.backends if kept else choice.native.split(","), "reason": reason,
+                                 "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()},
+                                 "first_result_s": {k: v if v != float("inf") else None for k, v in cold.items()},
+                                 "warm_winner": choice.backends}
+        save_model(written, output)
+    finally:
+        native_path.unlink(missing_ok=True)
 
 
 def _section(plan: Any, threads: int | None, output: Path) -> Any:

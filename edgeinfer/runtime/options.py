@@ -36,6 +36,9 @@ class RunOptions(NamedTuple):
 
 class AutoOptions(NamedTuple):
     cache: str | os.PathLike | bool | None = None  # the choice's disk cache folder (False: off)
+    # ei.compile: a warm winner that is not the native engine must also start (import, load, first
+    # result in a fresh process) within 10% of the native engine's (runtime.coldstart)
+    cold_start: bool = True
 
 
 class _StreamFields(NamedTuple):

@@ -293,3 +293,43 @@ def test_a_first_run_that_fails_on_the_artifacts_is_run_again_from_the_ir(compil
         assert session.model.loaded
     assert any("first run from the stored artifacts failed" in r.getMessage() for r in caplog.records)
     assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+def _numpy_wins_warm(monkeypatch) -> None:
+    """auto's warm race says numpy won (whatever the timings), so the cold-start weighing runs."""
+    monkeypatch.setattr("edgeinfer.runtime.auto.decide", lambda medians, native=None, margin=0.0: ("numpy", "forced"))
+
+
+def test_compile_weighs_the_first_result_when_auto_leaves_the_native_engine(source, feeds, expected, tmp_path,
+                                                                             monkeypatch):
+    """A warm winner that is not the native engine stays only if its first result in a fresh
+    process is within COLD_MARGIN of the native engine's: both are timed, both figures kept."""
+    from edgeinfer.runtime.coldstart import COLD_MARGIN
+
+    _numpy_wins_warm(monkeypatch)
+    path = tmp_path / "auto.eim"
+    model = ei.compile(ei.convert(source), path, backend="auto", threads=1, example_feeds=feeds,
+                       options=ei.AutoOptions(cache=False))
+    auto = model.compiled.auto
+    cold = auto["first_result_s"]
+    assert auto["warm_winner"] == ["numpy"] and 0 < cold["auto"] < 60 and 0 < cold["native"] < 60
+    kept = cold["auto"] <= cold["native"] * (1 + COLD_MARGIN)
+    assert model.compiled.backends == (["numpy"] if kept else ["onnxruntime", "numpy"])
+    assert ("first result in a fresh process" in auto["reason"]) and (kept or "kept" in auto["reason"])
+    assert not [p for p in tmp_path.iterdir() if p.name != "auto.eim"]  # the native candidate's file is gone
+    with ei.Session(path) as session:
+        assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_native_engine_is_kept_when_the_warm_winner_starts_slower(source, feeds, tmp_path, monkeypatch):
+    _numpy_wins_warm(monkeypatch)
+    monkeypatch.setattr("edgeinfer.runtime.coldstart.first_results",
+                        lambda files, feeds, threads: {"auto": 0.5, "native": 0.2})
+    model = ei.compile(ei.convert(source), tmp_path / "a.eim", backend="auto", threads=1, example_feeds=feeds,
+                       options=ei.AutoOptions(cache=False))
+    assert model.compiled.backends == ["onnxruntime", "numpy"]
+    assert model.compiled.auto["backends"] == ["onnxruntime", "numpy"]
+    assert "0.5 s against the native engine's 0.2 s" in model.compiled.auto["reason"]
+    off = ei.compile(ei.convert(source), tmp_path / "b.eim", backend="auto", threads=1, example_feeds=feeds,
+                     options=ei.AutoOptions(cache=False, cold_start=False))
+    assert off.compiled.backends == ["numpy"] and "first_result_s" not in off.compiled.auto
