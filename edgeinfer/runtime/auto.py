@@ -54,6 +54,7 @@ _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu",
                          "tflite-runtime")
 _TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
 _DROP_FACTOR = 3.0
+_PROBE_FACTOR = 2.0  # one timed call each: a candidate over 2x the best is not timed further
 _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
 # another candidate must be this much faster than the native engine on the whole graph. 5% was
 # within the noise of 2 threads on 2 shared cores: in a full bench_real run auto took OpenVINO
@@ -212,7 +213,7 @@ def _cached_choice(entry: Any, installed: list[str], key: str) -> AutoChoice | N
 
 def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | None, device: str, fallback: bool,
                     options: Mapping[str, Mapping[str, Any]], cache: str | os.PathLike | bool | None,
-                    signature: Any = "static") -> AutoChoice:
+                    signature: Any = "static", budget_s: float | None = None) -> AutoChoice:
     """The fastest candidate on ``feeds`` (real feeds of one ``signature``), from the disk cache
     when this model, signature, machine and settings were measured before."""
     installed = installed_backends()
@@ -227,7 +228,7 @@ def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | No
     native = native_engine(model)
     lists = candidates(installed) + accelerator_candidates(installed, device, options)
     choice = measure(model, lists, feeds, threads=threads, device=device, fallback=fallback,
-                     options=options, native=native if native in installed else None)
+                     options=options, native=native if native in installed else None, budget_s=budget_s)
     choice.key = key
     if path is not None:
         _write_cache(path, key, choice)
@@ -294,7 +295,8 @@ def _compile_candidates(model: Model, lists: list[list[str]], feeds: dict[str, A
 
 
 def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
-            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None) -> AutoChoice:
+            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None,
+            budget_s: float | None = None) -> AutoChoice:
     """Compile every candidate priority list (and ``native``'s, the engine of the model's source
     format, first), race them on ``feeds`` (``measure.race``: a candidate over ``_DROP_FACTOR``
     times the best after a first short round is dropped, never the native one), return the
@@ -311,7 +313,8 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     runners = {label: entry[3] for label, entry in ready.items()}
     try:
         timed = race({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, drop_factor=_DROP_FACTOR,
-                     protected=native_label, budget_s=_TIME_BUDGET_S,
+                     protected=native_label, budget_s=_TIME_BUDGET_S if budget_s is None else budget_s,
+                     probe_factor=_PROBE_FACTOR,
                      again=lambda medians: _decisive_pair(medians, native_label))
     except BaseException:
         for runner in runners.values():

@@ -9,9 +9,12 @@ what is timed here, with the same rules:
 - contenders are timed in interleaved rounds whose order alternates
   (``edgeinfer.timing.time_engines``), so load from elsewhere on the machine hits them alike
   and none is timed beside another's spinning threads;
-- ``race`` prunes before it times long: after a short first round, a contender slower than
-  ``drop_factor`` times the best is dropped (never the ``protected`` one), the rest are timed
-  within a budget, and two that end up near the bar that decides between them are timed again;
+- ``race`` prunes before it times long: one timed call each first drops a contender slower
+  than ``probe_factor`` times the best (numpy on a big net costs one call, not seconds of
+  warm-up); after a short first round, one slower than ``drop_factor`` times the best is
+  dropped and, of more than two left, the slower half (successive halving; never the
+  ``protected`` one); the rest are timed within a budget, and two that end up near the bar that
+  decides between them are timed again;
 - single costs (a node, a stage) are the fastest of a few calls (``best_time``: the least
   disturbed by the machine), throughputs the best of alternating rounds (``best_rates``).
 """
@@ -66,15 +69,19 @@ class Race:
 
 
 def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor: float | None = None,
-         protected: str | None = None, budget_s: float | None = None,
+         protected: str | None = None, budget_s: float | None = None, probe_factor: float | None = None,
          again: Callable[[dict[str, float]], Sequence[str] | None] | None = None) -> Race:
-    """Time ``runs`` (label -> one call) against each other: warm each, then interleaved rounds
-    of ``calls`` calls each. With ``drop_factor`` a first short round drops every contender
-    slower than that many times the best (never ``protected``), and ``budget_s`` sets the
-    calls of the main round from the first round's times (10 to 60). ``again(medians)`` may
-    name contenders to time once more (two near the bar that separates them)."""
+    """Time ``runs`` (label -> one call, each already called once) against each other: warm
+    each, then interleaved rounds of ``calls`` calls each. ``probe_factor``: first one timed
+    call each, dropping a contender slower than that many times the best. With ``drop_factor``
+    a first short round drops every contender slower than that many times the best, then the
+    slower half of more than two (never ``protected``), and ``budget_s`` sets the calls of the
+    main round from the first round's times (10 to 60). ``again(medians)`` may name contenders
+    to time once more (two near the bar that separates them)."""
     runs = dict(runs)
     result = Race()
+    if probe_factor is not None and len(runs) > 1:
+        _drop(runs, probe(runs), probe_factor, protected, result, "one call")
     for run in runs.values():
         warm(run)
     warmup = 2
@@ -82,11 +89,13 @@ def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor:
         first = time_engines(runs, calls=FIRST_CALLS, warmup=warmup)
         medians = {label: statistics.median(samples) for label, samples in first.items()}
         result.first_ms = {label: seconds * 1000 for label, seconds in medians.items()}
-        best = min(medians.values())
-        for label, seconds in medians.items():
-            if seconds > drop_factor * best and label != protected and len(runs) > 1:
-                result.dropped[label] = f"{seconds * 1000:.2f} ms in the first rounds, over {drop_factor}x the best"
-                runs.pop(label)
+        _drop(runs, medians, drop_factor, protected, result, "the first rounds")
+        if len(runs) > 2:  # successive halving: the faster half goes on
+            ranked = sorted(runs, key=medians.get)
+            for label in ranked[-(len(ranked) // 2):]:
+                if label != protected:
+                    result.dropped[label] = f"{medians[label] * 1000:.2f} ms in the first rounds, in the slower half"
+                    runs.pop(label)
         if budget_s is not None:
             per_round = sum(medians[label] for label in runs)
             calls = int(max(10, min(60, budget_s / max(per_round, 1e-6))))
@@ -97,6 +106,21 @@ def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor:
         for label, samples in time_engines({label: runs[label] for label in pair}, calls=calls).items():
             result.times[label].extend(samples)
     return result
+
+
+def probe(runs: Mapping[str, Callable[[], Any]]) -> dict[str, float]:
+    """Seconds of one call of each contender (already called once, so not its very first)."""
+    return {label: best_time(run, 1) for label, run in runs.items()}
+
+
+def _drop(runs: dict[str, Any], seconds: Mapping[str, float], factor: float, protected: str | None,
+          result: Race, when: str) -> None:
+    """Drop from ``runs`` every contender over ``factor`` times the best of ``seconds`` (not ``protected``)."""
+    best = min(seconds[label] for label in runs)
+    for label in list(runs):
+        if seconds[label] > factor * best and label != protected and len(runs) > 1:
+            result.dropped[label] = f"{seconds[label] * 1000:.2f} ms in {when}, over {factor:g}x the best"
+            runs.pop(label)
 
 
 def best_rates(rates: Sequence[Callable[[], float]], rounds: int = 2,

@@ -34,11 +34,21 @@ class RunOptions(NamedTuple):
     plan_cache_size: int = 8  # signatures kept compiled (least recently used closed first)
 
 
-class AutoOptions(NamedTuple):
+class _AutoFields(NamedTuple):
     cache: str | os.PathLike | bool | None = None  # the choice's disk cache folder (False: off)
     # ei.compile: a warm winner that is not the native engine must also start (import, load, first
     # result in a fresh process) within 10% of the native engine's (runtime.coldstart)
     cold_start: bool = True
+    budget_s: float | None = None  # seconds auto's timing rounds take together, after compiling (None: 2)
+
+
+class AutoOptions(_AutoFields):
+    __slots__ = ()
+
+    def __new__(cls, cache: str | os.PathLike | bool | None = None, cold_start: bool = True,
+                budget_s: float | None = None) -> AutoOptions:
+        _check_seconds("budget_s", budget_s)
+        return super().__new__(cls, cache, bool(cold_start), budget_s)
 
 
 class _StreamFields(NamedTuple):
@@ -53,10 +63,13 @@ class StreamOptions(_StreamFields):
     def __new__(cls, stages: int | str | None = "auto", replicas: int | Sequence[int] | str | None = "auto",
                 plan_budget: float | None = None) -> StreamOptions:
         check_choice(stages, replicas)
-        if plan_budget is not None and (isinstance(plan_budget, bool) or not isinstance(plan_budget, (int, float))
-                                        or plan_budget <= 0):
-            raise BackendError(f"plan_budget {plan_budget!r}: expected a positive number of seconds")
+        _check_seconds("plan_budget", plan_budget)
         return super().__new__(cls, stages, replicas, plan_budget)
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+        raise BackendError(f"{name} {value!r}: expected a positive number of seconds")
 
 
 def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str | None) -> None:

@@ -196,7 +196,8 @@ class EngineSettings:
 
     def __init__(self, backend: Any, executor: str, threads: int | None = None, device: str = "cpu",
                  fallback: bool = False, options: dict[str, dict[str, Any]] | None = None, debug: bool = False,
-                 cache: Any = None, plan_cache_size: int = 8, compiled: Any = None) -> None:
+                 cache: Any = None, plan_cache_size: int = 8, compiled: Any = None,
+                 auto_budget: float | None = None) -> None:
         self.backend = backend  # "auto", a name, a Backend, or a priority list
         self.executor = executor  # sequential | dag | auto | ray
         self.threads = threads
@@ -207,6 +208,7 @@ class EngineSettings:
         self.cache = cache  # auto's disk cache folder (None: the default, False: off)
         self.plan_cache_size = plan_cache_size
         self.compiled = compiled  # the compiled section of an .eim this session runs (``aot``)
+        self.auto_budget = auto_budget  # seconds auto's timing rounds take together (None: the default)
 
     @property
     def per_signature(self) -> bool:
@@ -300,7 +302,7 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
 
         auto_choice = choose_backends(model, feeds, threads=settings.threads, device=settings.device,
                                       fallback=settings.fallback, options=settings.options, cache=settings.cache,
-                                      signature=signature)
+                                      signature=signature, budget_s=settings.auto_budget)
         names = auto_choice.backends
         prepared, auto_choice.prepared = auto_choice.prepared, None
         if prepared is not None:

@@ -86,7 +86,7 @@ class Session:
         self.backend_name = backend if isinstance(backend, str) else ",".join(
             n if isinstance(n, str) else n.name for n in placement.backend_priority(backend))
         self._settings = EngineSettings(backend, executor, threads, self.device, self.fallback, self.backend_options,
-                                        self.debug, opts.auto.cache, run.plan_cache_size, section)
+                                        self.debug, opts.auto.cache, run.plan_cache_size, section, opts.auto.budget_s)
         self._checker = FeedChecker(model.inputs, run.buckets)
         self._inputs = model.inputs
         self.plan_cache = PlanCache(run.plan_cache_size)  # CompiledPlan per signature (auto decisions)

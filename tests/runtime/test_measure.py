@@ -1,0 +1,69 @@
+"""``measure.race``'s pruning: contenders whose calls take known times (sleeps far apart, so the
+outcome does not hang on the machine's noise)."""
+
+from __future__ import annotations
+
+import time
+
+from edgeinfer.runtime.measure import race
+
+
+def _contender(seconds: float, calls: list[str], label: str):
+    def run():
+        calls.append(label)
+        time.sleep(seconds)
+    return run
+
+
+def test_one_call_each_drops_a_contender_over_twice_the_best_before_any_warm_up():
+    calls: list[str] = []
+    runs = {label: _contender(s, calls, label) for label, s in (("fast", 0.001), ("slow", 0.008), ("native", 0.008))}
+    result = race(runs, drop_factor=3.0, probe_factor=2.0, protected="native", budget_s=0.05)
+    assert calls.count("slow") == 1  # timed once, then dropped: no warm-up, no rounds
+    assert "one call" in result.dropped["slow"] and "native" not in result.dropped
+    assert set(result.times) == {"fast", "native"}
+
+
+def test_the_slower_half_of_more_than_two_goes_after_the_first_round():
+    calls: list[str] = []
+    spec = (("a", 0.0010), ("b", 0.0014), ("c", 0.0018), ("d", 0.0026))  # all within 3x of the best
+    result = race({label: _contender(s, calls, label) for label, s in spec}, drop_factor=3.0, probe_factor=4.0,
+                  budget_s=0.05)
+    assert set(result.times) == {"a", "b"}
+    assert all("slower half" in result.dropped[label] for label in ("c", "d"))
+    medians = result.medians_ms()
+    assert medians["a"] < medians["b"]
+
+
+def test_the_protected_contender_survives_the_halving():
+    calls: list[str] = []
+    spec = (("a", 0.0010), ("b", 0.0012), ("native", 0.0025))
+    result = race({label: _contender(s, calls, label) for label, s in spec}, drop_factor=3.0, probe_factor=4.0,
+                  protected="native", budget_s=0.05)
+    assert "native" in result.times and "native" not in result.dropped
+
+
+def test_the_users_budget_reaches_autos_race(monkeypatch):
+    import numpy as np
+    import pytest
+
+    import edgeinfer as ei
+    from devkit import zoo
+    from edgeinfer.errors import BackendError
+    from edgeinfer.runtime import auto, measure
+
+    seen = []
+
+    def spy(runs, **kwargs):
+        seen.append(kwargs["budget_s"])
+        return measure.race(runs, **kwargs)
+
+    monkeypatch.setattr(auto, "race", spy)
+    model = ei.convert(zoo.mlp_symbolic_batch())
+    feeds = {"x": np.ones((2, model.inputs[0].shape[1]), np.float32)}
+    with ei.Session(model, backend="auto", options=[ei.AutoOptions(cache=False, budget_s=0.25),
+                                                    ei.RunOptions(example_feeds=feeds)]) as session:
+        session.run(feeds)
+    assert seen == [0.25]
+    with pytest.raises(BackendError, match="budget_s"):
+        ei.AutoOptions(budget_s=0)
