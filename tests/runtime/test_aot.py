@@ -333,3 +333,23 @@ def test_the_native_engine_is_kept_when_the_warm_winner_starts_slower(source, fe
     off = ei.compile(ei.convert(source), tmp_path / "b.eim", backend="auto", threads=1, example_feeds=feeds,
                      options=ei.AutoOptions(cache=False, cold_start=False))
     assert off.compiled.backends == ["numpy"] and "first_result_s" not in off.compiled.auto
+
+
+def test_a_winner_that_starts_too_slowly_gives_way_to_the_next_candidate(source, feeds, expected, tmp_path,
+                                                                         monkeypatch):
+    """The warm winner fails the cold check; the next candidate faster warm than the native engine
+    is weighed the same way and kept where it starts as fast (the choice does not hang on which
+    of the two won warm)."""
+    _numpy_wins_warm(monkeypatch)
+    monkeypatch.setattr("edgeinfer.runtime.aot_compile._runner_up", lambda choice: "tflite,numpy")
+    monkeypatch.setattr("edgeinfer.runtime.coldstart.first_results",
+                        lambda files, feeds, threads: {"auto": 0.2 if ".next." in files["auto"].name else 0.5,
+                                                       "native": 0.2})
+    path = tmp_path / "a.eim"
+    model = ei.compile(ei.convert(source), path, backend="auto", threads=1, example_feeds=feeds,
+                       options=ei.AutoOptions(cache=False))
+    assert model.compiled.backends == ["tflite", "numpy"] and model.compiled.auto["warm_winner"] == ["numpy"]
+    assert "then" in model.compiled.auto["reason"] and model.compiled.auto["first_result_s"]["auto"] == 0.2
+    assert [p.name for p in tmp_path.iterdir()] == ["a.eim"]
+    with ei.Session(path) as session:
+        assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)

@@ -75,3 +75,16 @@ def test_the_cold_start_race_stops_when_the_two_files_are_apart():
     assert _settled({"auto": [0.40], "native": [0.20]})  # one round, far apart: decided
     assert not _settled({"auto": [0.21], "native": [0.20]})  # within the margin: more rounds
     assert not _settled({"auto": [0.40, 0.19], "native": [0.20, 0.21]})  # overlapping rounds
+
+
+def test_the_runner_up_is_the_fastest_other_candidate_over_autos_margin_against_the_native_engine():
+    from types import SimpleNamespace
+
+    from edgeinfer.runtime.aot_compile import _runner_up
+
+    medians = {"openvino,numpy": 1.0, "tflite,numpy": 1.2, "torch,numpy": 1.3, "onnxruntime,numpy": 1.5}
+    choice = SimpleNamespace(backends=["openvino", "numpy"], native="onnxruntime,numpy", median_ms=medians)
+    assert _runner_up(choice) == "tflite,numpy"
+    close = SimpleNamespace(backends=["openvino", "numpy"], native="onnxruntime,numpy",
+                            median_ms={**medians, "tflite,numpy": 1.45, "torch,numpy": 1.44})
+    assert _runner_up(close) is None  # within 10% of the native engine: none
