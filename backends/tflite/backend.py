@@ -99,8 +99,9 @@ class TFLiteExecutable(Executable):
         # a graph of fixed input shapes: idle native engines in one list, more made when every one is
         # busy (their interpreters kept alive in ``_kept``); the engine checks each feed's shape and
         # dtype itself and copies a strided array, so a request costs a pop, the engine's three
-        # calls and an append (openwakeword/hey_rhasspy, one thread: Session.run 15.1 -> 9.0 us where LiteRT's
-        # own set_tensor/invoke/get_tensor take 9.0 us; the shape-keyed shelf stays for dynamic dims)
+        # calls and an append (openwakeword/hey_rhasspy, one thread, ``bench_tflite_native.py``: the
+        # tflite backend 1.11x LiteRT on the original file, 1.07x by fastest calls; the shape-keyed
+        # shelf stays for dynamic dims)
         self._static: list[Any] | None = None
         self._kept = [interpreter]
         if facts.get("allocated", True):

@@ -1,8 +1,9 @@
 """Time to first result in a fresh process, for ``ei.compile(backend="auto")``.
 
 Auto races its candidates warm, in the process that compiles. On a device the first result also
-pays for importing the chosen engine and loading its artifact: OpenVINO's import alone is about
-0.2 s where LiteRT's is 10 ms (benchmarks/bench_coldstart.py). So when auto's warm winner is not
+pays for importing the chosen engine and loading its artifact: OpenVINO plans that won warm on
+PP-OCRv4 det and rec, Inception v1 and DenseNet-121 gave their first result in 0.36-0.49 s where
+onnxruntime's took 0.21-0.26 s (``benchmarks/bench_auto_decide.py``, its ``first_result_s``). So when auto's warm winner is not
 the native engine (the engine of the file the user had), ``compile`` writes both compiled files,
 starts each in fresh processes, interleaved (one untimed round first: byte-code and page caches),
 and keeps the warm winner only if its first result is within ``COLD_MARGIN`` of the native
