@@ -1,4 +1,4 @@
-"""The compiled section of an ``.eim`` (version 3.3): a plan decided ahead of time, and the
+"""The compiled section of an ``.eim`` (version 3.3, 3.4): a plan decided ahead of time, and the
 engine-ready artifact of each part (``edgeinfer compile``, ``edgeinfer.runtime.aot``).
 
 In the document, beside the graph::
@@ -10,6 +10,7 @@ In the document, beside the graph::
                  "machine": "x86_64 AVX2,AVX-512,...",      the CPU (architecture, features)
                  "engines": {"onnxruntime": "1.32.0"},      the engine versions
                  "digest": "<sha256>",                      of the IR it was compiled from
+                 "ir_sha256": "<sha256>",                   of that IR as stored (version 3.4)
                  "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
                             "inputs": [values], "outputs": [values]}],
                  "artifacts": [{"kind", "facts", "offset", "nbytes", "sha256"}],
@@ -17,7 +18,10 @@ In the document, beside the graph::
 
 Artifact bytes follow the tensors in the data section (offsets relative to it, 64-aligned).
 The digest is the SHA-256 of the document's metadata, tensor table and graph as canonical JSON:
-a section whose digest is not its document's is never used. The reader checks every field's
+a section whose digest is not its document's is never used. Since version 3.4 the section also holds
+``"ir_sha256"``, the SHA-256 of those three as ``save_model`` stores them (``core_sha256``): a reader
+hashes the stored bytes rather than encoding the parsed document again (``bound_to_ir``), and checks
+``digest`` only where the file is stored otherwise. The reader checks every field's
 type and every artifact's bounds here; an artifact's own SHA-256 is checked when it is used
 (``CompiledSection.artifact``), so loading a file for its IR reads no artifact byte.
 """
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import ModelFormatError
@@ -40,13 +46,65 @@ _ALIGNMENT = 64
 
 
 class StoredArtifact:
-    """An artifact as the file holds it: ``data`` a read-only view (not yet checked). Plain
-    classes here and below: a device's cold start reads this module and imports no ``dataclasses``."""
+    """An artifact as the file holds it: ``data`` its bytes (not yet checked), read from the file
+    when first asked (``read``), or by ``read_ahead``'s thread. Plain classes here and below: a
+    device's cold start reads this module and imports no ``dataclasses``."""
 
-    __slots__ = ("kind", "facts", "data", "sha256", "checked")
+    __slots__ = ("kind", "facts", "_data", "_read", "sha256", "checked", "_found", "_error", "_loading")
 
-    def __init__(self, kind: str, facts: dict[str, Any], data: Any, sha256: str, checked: bool = False) -> None:
-        self.kind, self.facts, self.data, self.sha256, self.checked = kind, facts, data, sha256, checked
+    def __init__(self, kind: str, facts: dict[str, Any], data: Any, sha256: str, checked: bool = False,
+                 read: Callable[[], Any] | None = None) -> None:
+        self.kind, self.facts, self.sha256, self.checked = kind, facts, sha256, checked
+        self._data, self._read = data, read
+        self._found: str | None = None  # the SHA-256 of ``data``, once computed
+        self._error: Exception | None = None  # why reading it failed
+        self._loading: threading.Thread | None = None  # the thread reading it ahead
+
+    @property
+    def data(self) -> Any:
+        self._ready()
+        return self._data
+
+    def found_sha256(self) -> str:
+        """The SHA-256 of its bytes as read."""
+        self._ready()
+        return self._found or hashlib.sha256(self._data).hexdigest()
+
+    def _load(self) -> None:
+        """Read its bytes and their SHA-256 (on ``read_ahead``'s thread, or where first asked)."""
+        try:
+            data = self._read() if self._read is not None else self._data
+            self._found = hashlib.sha256(data).hexdigest()
+            self._data, self._read = data, None
+        except Exception as exc:  # noqa: BLE001 - said by whoever asks for the bytes
+            self._error = exc
+
+    def _ready(self) -> None:
+        if self._loading is not None:
+            self._loading.join()
+            self._loading = None
+        elif self._read is not None:
+            self._load()
+        if self._error is not None:
+            raise ModelFormatError(f"the bytes of a compiled artifact cannot be read: {self._error}")
+
+
+def read_ahead(artifacts: list[StoredArtifact]) -> None:
+    """Read ``artifacts`` and compute their SHA-256 on a thread of their own: reading a file and
+    hashing release the GIL, so a load goes on meanwhile (it imports the engine's module) and
+    ``CompiledSection.artifact`` waits for them (``openwakeword``'s 0.4 MB to ``pose_landmark``'s
+    13 MB flatbuffer: up to 20 ms of a 2-core cold start). Nothing reaches an engine unchecked."""
+    if not artifacts:
+        return
+    thread = threading.Thread(target=_load_all, args=(list(artifacts),), name="edgeinfer-artifacts", daemon=True)
+    for stored in artifacts:
+        stored._loading = thread
+    thread.start()
+
+
+def _load_all(artifacts: list[StoredArtifact]) -> None:
+    for stored in artifacts:
+        stored._load()
 
 
 class CompiledSection:
@@ -68,6 +126,7 @@ class CompiledSection:
         self.auto = auto
         self.source = source  # the file it was read from
         self.said: set[str] = set()  # why its artifacts went unused, each said once
+        self.ir_sha256: str | None = None  # the stored IR's SHA-256 (version 3.4: ``core_sha256``)
 
     def __repr__(self) -> str:
         return (f"CompiledSection(backends={self.backends}, executor={self.executor!r}, threads={self.threads}, "
@@ -77,7 +136,10 @@ class CompiledSection:
         """Artifact ``index``, its bytes checked against the SHA-256 the section records."""
         stored = self.artifacts[index]
         if not stored.checked:
-            found = hashlib.sha256(stored.data).hexdigest()
+            try:
+                found = stored.found_sha256()
+            except ModelFormatError as exc:
+                raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: {exc}") from None
             if found != stored.sha256:
                 raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: expected bytes of SHA-256 "
                                        f"{stored.sha256[:16]}..., found {found[:16]}... (changed after it was written)")
@@ -90,6 +152,47 @@ def ir_digest(document: dict[str, Any]) -> str:
     core = {key: document[key] for key in ("metadata", "tensors", "graph")}
     text = json.dumps(core, ensure_ascii=True, allow_nan=False, separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def core_sha256(document: dict[str, Any]) -> str:
+    """SHA-256 of the document's metadata, tensor table and graph as ``save_model`` stores them
+    (compact JSON in document order): the section's ``ir_sha256`` (version 3.4)."""
+    core = {key: document[key] for key in ("metadata", "tensors", "graph")}
+    return hashlib.sha256(_compact(core)).hexdigest()
+
+
+def bound_to_ir(section: CompiledSection, text: bytes, keys: list[str], document: dict[str, Any],
+                compiled: Any) -> bool:
+    """Whether ``section`` was made from the IR of ``document`` (parsed from ``text``, its top-level
+    ``keys`` in stored order, its compiled section ``compiled`` taken out): its ``ir_sha256``
+    against the stored bytes of the IR where the file stores them as ``save_model`` writes them
+    (no encoding again), else its ``digest`` against ``ir_digest``."""
+    if section.ir_sha256 is not None:
+        stored = _stored_core_sha256(text, keys, compiled, document["version"])
+        if stored is not None:
+            return stored == section.ir_sha256
+    return section.digest == ir_digest(document)
+
+
+def _stored_core_sha256(text: bytes, keys: list[str], compiled: Any, version: Any) -> str | None:
+    """``core_sha256`` of the bytes of ``text`` that hold the IR, or None where ``text`` is not as
+    ``save_model`` writes it. There, the document starts with the format and version, ends with the
+    compiled section (its keys in this order, each once): with these two exactly as their compact
+    encoding, the bytes between are the metadata, tensor table and graph as ``core_sha256`` encodes
+    them (a JSON string cannot hold an unescaped quote, so no boundary can sit inside one)."""
+    head = b'{"format":"edgeinfer-model","version":' + _compact(version) + b","
+    tail = b',"compiled":' + _compact(compiled) + b"}"
+    if keys != ["format", "version", "metadata", "tensors", "graph", "compiled"] or \
+            len(text) < len(head) + len(tail) or not text.startswith(head) or not text.endswith(tail):
+        return None
+    digest = hashlib.sha256(b"{")
+    digest.update(memoryview(text)[len(head):len(text) - len(tail)])
+    digest.update(b"}")
+    return digest.hexdigest()
+
+
+def _compact(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 def section_document(section: CompiledSection, data_start: int) -> tuple[dict[str, Any], list[tuple[int, Any]], int]:
@@ -114,11 +217,13 @@ def section_document(section: CompiledSection, data_start: int) -> tuple[dict[st
     return doc, placed, offset
 
 
-def read_section(obj: Any, reader: DocumentReader, mapped: Any, data_offset: int, data_length: int,
-                 tensors_end: int, nodes: int) -> CompiledSection:
-    """The compiled section of a document, every field checked (``nodes``: the graph's node count)."""
+def read_section(obj: Any, reader: DocumentReader, data_at: Callable[[int, int], Any], data_offset: int,
+                 data_length: int, tensors_end: int, nodes: int) -> CompiledSection:
+    """The compiled section of a document, every field checked (``nodes``: the graph's node count;
+    ``data_at(start, nbytes)``: the file's bytes there, read when an artifact's are first asked)."""
     where = "document.compiled"
-    obj = reader.fields(obj, where, _FIELDS)
+    optional = tuple(name for name in ("ir_sha256",) if isinstance(obj, dict) and name in obj)
+    obj = reader.fields(obj, where, (*_FIELDS, *optional))
     if obj["version"] != SECTION_VERSION:
         raise reader.fail(f"{where}.version", str(SECTION_VERSION), obj["version"])
     assignment = list(reader.strings(obj["assignment"], f"{where}.assignment"))
@@ -129,7 +234,7 @@ def read_section(obj: Any, reader: DocumentReader, mapped: Any, data_offset: int
         reader.integer(threads, f"{where}.threads", minimum=1, maximum=4096)
     engines = reader.str_map(obj["engines"], f"{where}.engines")
     digest = reader.string(obj["digest"], f"{where}.digest", non_empty=True)
-    artifacts = [_artifact(entry, f"{where}.artifacts[{i}]", reader, mapped, data_offset, data_length, tensors_end)
+    artifacts = [_artifact(entry, f"{where}.artifacts[{i}]", reader, data_at, data_offset, data_length, tensors_end)
                  for i, entry in enumerate(reader.array(obj["artifacts"], f"{where}.artifacts"))]
     _check_disjoint(obj["artifacts"], reader, where)
     parts = []
@@ -149,14 +254,17 @@ def read_section(obj: Any, reader: DocumentReader, mapped: Any, data_offset: int
     auto = obj["auto"]
     if auto is not None and not isinstance(auto, dict):
         raise reader.fail(f"{where}.auto", "an object or null", auto)
-    return CompiledSection(list(reader.strings(obj["backends"], f"{where}.backends")), assignment,
-                           reader.string(obj["executor"], f"{where}.executor"), threads,
-                           reader.string(obj["machine"], f"{where}.machine"), engines, digest, parts, artifacts, auto,
-                           reader.source)
+    section = CompiledSection(list(reader.strings(obj["backends"], f"{where}.backends")), assignment,
+                              reader.string(obj["executor"], f"{where}.executor"), threads,
+                              reader.string(obj["machine"], f"{where}.machine"), engines, digest, parts, artifacts,
+                              auto, reader.source)
+    if "ir_sha256" in obj:
+        section.ir_sha256 = reader.string(obj["ir_sha256"], f"{where}.ir_sha256", non_empty=True)
+    return section
 
 
-def _artifact(entry: Any, where: str, reader: DocumentReader, mapped: Any, data_offset: int, data_length: int,
-              tensors_end: int) -> StoredArtifact:
+def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[[int, int], Any], data_offset: int,
+              data_length: int, tensors_end: int) -> StoredArtifact:
     entry = reader.fields(entry, where, _ARTIFACT_FIELDS)
     if not isinstance(entry["facts"], dict):
         raise reader.fail(f"{where}.facts", "an object", entry["facts"])
@@ -167,8 +275,8 @@ def _artifact(entry: Any, where: str, reader: DocumentReader, mapped: Any, data_
                           "data section", Finding(f"{nbytes} bytes at offset {offset}"))
     digest = reader.string(entry["sha256"], f"{where}.sha256", non_empty=True)
     start = data_offset + offset
-    data = memoryview(mapped)[start:start + nbytes].toreadonly()
-    return StoredArtifact(reader.string(entry["kind"], f"{where}.kind"), entry["facts"], data, digest)
+    return StoredArtifact(reader.string(entry["kind"], f"{where}.kind"), entry["facts"], None, digest,
+                          read=lambda: data_at(start, nbytes))
 
 
 def _check_disjoint(entries: list[dict[str, Any]], reader: DocumentReader, where: str) -> None:

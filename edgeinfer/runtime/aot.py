@@ -134,16 +134,16 @@ def resolve(model: Any, backend: Any, executor: str) -> tuple[Model, Any, Any, s
 def open_model(path: str | os.PathLike, backend: Any, executor: str) -> Model:
     """The model at ``path`` for a Session asking for ``backend``: a compiled ``.eim`` whose plan
     it runs is read without its graph (``LazyModel``); anything else is loaded or converted."""
-    from edgeinfer.api import load_any, sniff_format
-
-    if sniff_format(path) == "eim" and executor in ("sequential",) and (backend is None or isinstance(backend, str)):
+    if executor == "sequential" and (backend is None or isinstance(backend, str)):
         from edgeinfer.format.lean import read_compiled
 
-        file = read_compiled(path)
+        file = read_compiled(path)  # None for any other file
         if file is not None:
             model = LazyModel(file)
             if section_for(backend, executor, model) is not None:
                 return model
+    from edgeinfer.api import load_any
+
     return load_any(path)
 
 

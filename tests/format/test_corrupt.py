@@ -185,9 +185,9 @@ def test_zlib_document_in_version_3_is_readable(parsed, tmp_path, small_model):
 
 
 def test_document_inflating_past_the_limit_is_refused(parsed, tmp_path, monkeypatch):
-    from edgeinfer.format import eim
+    from edgeinfer.format import reading
 
-    monkeypatch.setattr(eim, "MAX_JSON_BYTES", len(parsed.text) - 1)
+    monkeypatch.setattr(reading, "MAX_JSON_BYTES", len(parsed.text) - 1)
     load_fails(write(tmp_path, parsed.pack()), "at most .* bytes once inflated")
     load_fails(write(tmp_path, parsed.pack(flags=1)), "at most .* bytes once inflated")
 
