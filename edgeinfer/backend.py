@@ -216,6 +216,11 @@ def installed_backends() -> list[str]:
     return installed
 
 
+def backend_module(name: str):
+    """The module of backend ``name`` (its optional hooks: ``describe_part``, ``reduced_precisions``...)."""
+    return _backend_module(name)
+
+
 def _backend_module(name: str):
     module_name = _BACKEND_MODULES.get(name)
     if module_name is None:

@@ -1,9 +1,15 @@
 """What this machine's CPU is: its model and the instruction-set features that decide which
 kernels the engines pick (read from ``/proc/cpuinfo``). Light to import: a compiled model's
-load path asks it (``runtime.aot.machine_key``), and so does ``edgeinfer devices``."""
+load path asks it (``runtime.aot.machine_key``), and so do ``edgeinfer devices`` and
+``precision="auto"`` (which reduced-precision configurations this CPU computes natively).
+
+``$EDGEINFER_CPU_FLAGS_OFF`` (comma-separated ``/proc/cpuinfo`` flags, e.g.
+``avx512_bf16,amx_bf16``) hides flags from all of them: what edgeinfer decides on a CPU without
+those units can be checked on one that has them (engines still see the real CPU)."""
 
 from __future__ import annotations
 
+import os
 import platform
 
 # feature label -> /proc/cpuinfo flags (any of them), x86 and ARM
@@ -16,6 +22,7 @@ X86_FEATURES = {
     "AMX-BF16": ("amx_bf16",),
     "BF16": ("avx512_bf16",),
     "FP16": ("avx512_fp16",),
+    "AMX-FP16": ("amx_fp16",),
     "F16C": ("f16c",),
 }
 ARM_FEATURES = {
@@ -26,9 +33,14 @@ ARM_FEATURES = {
     "FP16": ("asimdhp", "fphp"),
     "SVE": ("sve",),
 }
+
+
 def cpu_flags(text: str | None = None) -> set[str]:
-    """The feature flags of the first CPU in ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on ARM)."""
+    """The feature flags of the first CPU in ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on
+    ARM); this machine's without those ``$EDGEINFER_CPU_FLAGS_OFF`` hides."""
+    hidden: set[str] = set()
     if text is None:
+        hidden = {flag.strip() for flag in os.environ.get("EDGEINFER_CPU_FLAGS_OFF", "").split(",") if flag.strip()}
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
                 text = handle.read()
@@ -37,7 +49,7 @@ def cpu_flags(text: str | None = None) -> set[str]:
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
-            return set(value.split())
+            return set(value.split()) - hidden
     return set()
 
 
