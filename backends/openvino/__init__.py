@@ -16,6 +16,8 @@ Engine options (``Session(model, backend="openvino", performance_hint="THROUGHPU
 - ``precision``: ``INFERENCE_PRECISION_HINT``, ``"f32"`` (default on every device but an NPU, so results
   match the other backends within fp32 tolerances even on CPUs with bf16/AMX units, where
   OpenVINO would otherwise compute in bf16), ``"bf16"`` or ``"f16"``;
+- ``fp32_nodes``: tensor names whose writing nodes stay f32 under a reduced ``precision``
+  (mixed precision, ``precision.py``; ``precision="auto"`` finds them);
 - ``device_name``: an exact OpenVINO device string instead of the one ``device=`` maps to,
   e.g. ``"GPU.1"``, ``"AUTO:GPU,CPU"`` or ``"HETERO:NPU,CPU"``;
 - ``config``: further ``compile_model`` properties, passed to OpenVINO as they are
@@ -42,7 +44,10 @@ from edgeinfer.backends.openvino.backend import (
     OpenVinoBackend,
     OpenVinoExecutable,
 )
+from edgeinfer.backends.openvino.precision import reduced_precisions
 from edgeinfer.ir import Graph
+
+keeps_fp32_nodes = True  # engine option fp32_nodes: mixed precision on one engine
 
 
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> OpenVinoBackend:
@@ -68,4 +73,6 @@ __all__ = [
     "OpenVinoExecutable",
     "create_backend",
     "describe_part",
+    "keeps_fp32_nodes",
+    "reduced_precisions",
 ]

@@ -29,7 +29,7 @@ from edgeinfer.ir.graph import EDGEINFER_DOMAIN
 DEVICE_NAMES = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 PRECISIONS = ("f32", "bf16", "f16")
-ENGINE_OPTIONS = ("performance_hint", "precision", "device_name", "config")
+ENGINE_OPTIONS = ("performance_hint", "precision", "fp32_nodes", "device_name", "config")
 ARTIFACT_KIND = "openvino"  # the ahead-of-time form: the compiled model as ``export_model`` writes it
 _COMPOSITE_DEVICES = ("AUTO", "HETERO", "MULTI", "BATCH")
 _STANDARD_DOMAINS = ("", "ai.onnx.ml")
@@ -183,6 +183,10 @@ class OpenVinoBackend(Backend):
             model = read_onnx(model_bytes)
         except Exception as exc:
             raise backend_error("could not convert", lowered, exc, names) from exc
+        if engine.get("fp32_nodes"):
+            from .precision import keep_fp32
+
+            model, _ = keep_fp32(model, engine["fp32_nodes"])
         config = compile_config(device_name, engine, threads, options.debug, shared_cores=not options.busy_wait)
         try:
             compiled = core().compile_model(model, device_name, config)
@@ -251,6 +255,8 @@ def compile_config(device_name: str, engine: Mapping[str, Any], threads: int | N
         precision = "f32"
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision
+    if engine.get("fp32_nodes") and device_name == "CPU":  # (a hidden property: not in SUPPORTED_PROPERTIES) its snippets' fused subgraphs ignore nodes kept in f32 (precision.py)
+        config["SNIPPETS_MODE"] = "DISABLE"
     if debug:
         config["PERF_COUNT"] = True
     config.update(dict(engine.get("config") or {}))
@@ -272,6 +278,10 @@ def _check_engine_options(engine_options: Mapping[str, Any]) -> dict[str, Any]:
     precision = engine_options.get("precision")
     if precision is not None and precision not in PRECISIONS:
         raise BackendError(f"openvino backend: precision {precision!r}: expected one of {list(PRECISIONS)}")
+    kept = engine_options.get("fp32_nodes")
+    if kept is not None and (isinstance(kept, str) or not all(isinstance(n, str) for n in kept)):
+        raise BackendError(f"openvino backend: fp32_nodes {kept!r}: expected a list of tensor names (the outputs "
+                           "of the nodes kept in f32)")
     device_name = engine_options.get("device_name")
     if device_name is not None and (not isinstance(device_name, str) or not device_name):
         raise BackendError(f"openvino backend: device_name {device_name!r}: expected an OpenVINO device "

@@ -26,9 +26,17 @@ from edgeinfer.backends.torch.backend import (
 from edgeinfer.backends.torch.registry import LOWERINGS, lowering
 
 
+def reduced_precisions(native: Any) -> dict[str, Any]:
+    """``precision="auto"``'s configurations on the CPU (``edgeinfer.runtime.precision``): bf16
+    (oneDNN's bf16 kernels; offered only where the CPU has the units). fp16 on the CPU is not
+    offered: oneDNN's CPU half type is bf16, fp16 is for GPUs."""
+    return {"bf16": {"precision": "bf16"},
+            "fp16": "torch on the CPU: fp16 is not offered (oneDNN's CPU half type is bf16; fp16 is for GPUs)"}
+
+
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> TorchBackend:
     return TorchBackend(device=device, fallback=fallback, **engine_options)
 
 
 __all__ = ["ENGINE_OPTIONS", "LOWERINGS", "TorchBackend", "TorchExecutable", "accepts_device",
-           "available_devices", "create_backend", "lowering", "resolve_device"]
+           "available_devices", "create_backend", "lowering", "reduced_precisions", "resolve_device"]
