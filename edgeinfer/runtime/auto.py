@@ -35,7 +35,6 @@ import logging
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,16 @@ from edgeinfer.backend import installed_backends
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.format.atomic import atomic_write_bytes
 from edgeinfer.model import Model
+from edgeinfer.runtime.auto_choice import (  # noqa: F401  (auto's API: the decision and its rule)
+    NATIVE_ENGINES,
+    NATIVE_MARGIN,
+    RULE,
+    AutoChoice,
+    decide,
+    native_engine,
+)
 from edgeinfer.runtime.auto_gpu import accelerator, accelerator_candidates
+from edgeinfer.runtime.auto_race import measure
 from edgeinfer.runtime.measure import race
 
 log = logging.getLogger("edgeinfer.runtime.auto")
@@ -52,94 +60,6 @@ progress = logging.getLogger("edgeinfer.runtime.auto.progress")  # one INFO line
 CACHE_FILE = "auto-backends.json"
 _ENGINE_DISTRIBUTIONS = ("edgeinfer", "numpy", "onnxruntime", "onnxruntime-gpu", "openvino", "ai-edge-litert",
                          "tflite-runtime")
-_TIME_BUDGET_S = 2.0  # timing rounds for all candidates together, after compile
-_DROP_FACTOR = 3.0
-_PROBE_FACTOR = 2.0  # one timed call each: a candidate over 2x the best is not timed further
-_CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
-# another candidate must be this much faster than the native engine on the whole graph. 5% was
-# within the noise of 2 threads on 2 shared cores: in a full bench_real run auto took OpenVINO
-# over LiteRT on MediaPipe hand_landmark_full, then ran 1.06x (fastest calls 1.15x) the original
-# file; a rerun kept LiteRT at 1.00x.
-NATIVE_MARGIN = 0.10
-NATIVE_ENGINES = {"tflite": "tflite", "onnx": "onnxruntime", "pytorch": "torch"}  # source_format -> backend
-RULE = "native-kept-within-10%"  # how the winner is picked; in the cache key, so older choices are measured again
-
-
-@dataclass
-class AutoChoice:
-    backends: list[str]  # the winning priority list
-    median_ms: dict[str, float] = field(default_factory=dict)  # candidate -> median latency
-    skipped: dict[str, str] = field(default_factory=dict)  # candidate -> why it was not timed
-    cached: bool = False
-    key: str = ""
-    native: str | None = None  # the candidate that is the native engine on the whole graph, if one ran
-    native_note: str = ""  # why the native engine is no whole-graph candidate, where it is not
-    reason: str = ""  # why the winner won (fastest, or the native engine kept within the margin)
-    repartitions: dict[str, list[str]] = field(default_factory=dict)  # candidate -> what moved off an engine, why
-    # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
-    prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
-
-    def describe(self) -> str:
-        """The winner and why, then every candidate with its median (the native one marked) or
-        why it was not timed."""
-        lines = [f"auto: {','.join(self.backends)}" + (" (cached)" if self.cached else "")
-                 + (f": {self.reason}" if self.reason else "")]
-        if self.native_note:
-            lines.append(f"  native engine: {self.native_note}")
-        winner = ",".join(self.backends)
-        for label, ms in sorted(self.median_ms.items(), key=lambda item: item[1]):
-            marks = [m for m, on in (("native engine, whole graph", label == self.native),
-                                     ("chosen", label == winner)) if on]
-            lines.append(f"  {label}: {ms:.3g} ms" + (f" ({'; '.join(marks)})" if marks else ""))
-        lines += [f"  {label}: not timed: {why}" for label, why in self.skipped.items()]
-        lines += [f"  {label}: re-partitioned: {note}" for label, notes in self.repartitions.items() for note in notes]
-        return "\n".join(lines)
-
-
-def native_engine(model: Model) -> str | None:
-    """The backend that runs the model's source format natively (None: unknown or none)."""
-    return NATIVE_ENGINES.get(model.metadata.get("source_format", ""))
-
-
-def decide(medians: Mapping[str, float], native: str | None = None,
-           margin: float = NATIVE_MARGIN) -> tuple[str, str]:
-    """The winner of ``medians`` (candidate -> median, one set of interleaved blocks) and why:
-    the fastest, except that ``native`` (the native engine on the whole graph) is kept unless
-    the fastest is more than ``margin`` faster than it."""
-    fastest = min(medians, key=medians.get)
-    if native is None or native not in medians or native == fastest:
-        why = "the native engine, fastest" if native == fastest else "fastest"
-        return fastest, why
-    ratio = medians[native] / medians[fastest] if medians[fastest] > 0 else float("inf")
-    if ratio > 1 + margin:
-        return fastest, (f"fastest, {ratio:.2f}x faster than the native engine {native} "
-                         f"(over the {margin:.0%} margin)")
-    return native, (f"the native engine, kept: {fastest} is only {ratio:.3f}x faster "
-                    f"(within the {margin:.0%} margin)")
-
-
-def _decisive_pair(medians: Mapping[str, float], native: str | None) -> tuple[str, str] | None:
-    """The two candidates to time again before deciding, when their medians sit near the bar that
-    separates them (the fastest vs the native one at ``1 + NATIVE_MARGIN``, else the two leaders at 1)."""
-    ranked = sorted(medians, key=medians.get)
-    if len(ranked) < 2:
-        return None
-    if native in medians:
-        if ranked[0] == native:
-            return None
-        ratio, bar, pair = medians[native] / max(medians[ranked[0]], 1e-12), 1 + NATIVE_MARGIN, (ranked[0], native)
-    else:
-        ratio, bar, pair = medians[ranked[1]] / max(medians[ranked[0]], 1e-12), 1.0, (ranked[0], ranked[1])
-    return pair if bar / _CLOSE <= ratio < bar * _CLOSE else None
-
-
-def _native_first(lists: list[list[str]], native: str | None) -> list[list[str]]:
-    """``lists`` with the native engine's candidate first (added if absent): it is never skipped as
-    placing its nodes as an earlier candidate does."""
-    if native is None:
-        return lists
-    mine = [native, "numpy"] if native != "numpy" else ["numpy"]
-    return [mine, *(names for names in lists if names != mine)]
 
 
 def candidates(installed: list[str]) -> list[list[str]]:
@@ -162,8 +82,11 @@ def _versions() -> dict[str, str]:
 
 
 def cache_key(model: Model, *, threads: int | None, device: str, fallback: bool,
-              options: Mapping[str, Any], signature: Any = "static") -> str:
+              options: Mapping[str, Any], signature: Any = "static", precision: Any = None) -> str:
+    """What a cached choice depends on (``precision``: the precision, tolerance and samples
+    digest of ``precision="auto"``, None for fp32)."""
     facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads, "rule": RULE,
+             "precision": precision,
              "native": native_engine(model),
              "device": device, "fallback": fallback,
              "options": repr(sorted((k, sorted(dict(v).items())) for k, v in options.items())),
@@ -206,19 +129,34 @@ def _cached_choice(entry: Any, installed: list[str], key: str) -> AutoChoice | N
     medians = {k: float(v) for k, v in medians.items() if isinstance(v, (int, float))} \
         if isinstance(medians, dict) else {}
     native, reason = entry.get("native"), entry.get("reason")
-    return AutoChoice(names, median_ms=medians, cached=True, key=key,
-                      native=native if isinstance(native, str) else None,
-                      reason=reason if isinstance(reason, str) else "")
+    record = entry.get("precision")
+    record = record if isinstance(record, dict) else {}
+    options = record.get("engine_options") if isinstance(record.get("engine_options"), dict) else {}
+    choice = AutoChoice(names, median_ms=medians, cached=True, key=key,
+                        native=native if isinstance(native, str) else None,
+                        reason=reason if isinstance(reason, str) else "",
+                        precision=str(record.get("precision", "fp32")), options=options)
+    errors = record.get("error")
+    if isinstance(errors, dict) and all(isinstance(e, dict) for e in errors.values()):
+        choice.errors[choice.label] = errors
+    return choice
 
 
 def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | None, device: str, fallback: bool,
                     options: Mapping[str, Mapping[str, Any]], cache: str | os.PathLike | bool | None,
-                    signature: Any = "static", budget_s: float | None = None) -> AutoChoice:
+                    signature: Any = "static", budget_s: float | None = None, precision: str = "fp32",
+                    samples: list[dict[str, Any]] | None = None, tolerance: Any = None,
+                    lists: list[list[str]] | None = None) -> AutoChoice:
     """The fastest candidate on ``feeds`` (real feeds of one ``signature``), from the disk cache
-    when this model, signature, machine and settings were measured before."""
+    when this model, signature, machine and settings were measured before. ``precision`` other
+    than fp32 adds (``"auto"``) or keeps only (``"bf16"``, ``"fp16"``) the reduced-precision
+    configurations this CPU computes natively, checked on ``samples`` against ``tolerance``
+    (``auto_precision``); ``lists`` replaces the candidates (a named backend with a precision)."""
     installed = installed_backends()
+    wanted = None if precision == "fp32" else \
+        [precision, repr(tuple(_tolerance(tolerance))), _samples_digest(samples)]
     key = cache_key(model, threads=threads, device=device, fallback=fallback, options=options,
-                    signature=signature)
+                    signature=signature, precision=wanted)
     folder = cache_dir(cache)
     path = folder / CACHE_FILE if folder is not None else None
     if path is not None:
@@ -226,13 +164,37 @@ def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | No
         if hit is not None:
             return hit
     native = native_engine(model)
-    lists = candidates(installed) + accelerator_candidates(installed, device, options)
+    if lists is None:
+        lists = candidates(installed) + accelerator_candidates(installed, device, options)
+    elif native not in {name for names in lists for name in names}:
+        native = None
     choice = measure(model, lists, feeds, threads=threads, device=device, fallback=fallback,
-                     options=options, native=native if native in installed else None, budget_s=budget_s)
+                     options=options, native=native if native in installed else None, budget_s=budget_s,
+                     precision=precision, samples=samples, tolerance=tolerance)
     choice.key = key
     if path is not None:
         _write_cache(path, key, choice)
     return choice
+
+
+def _tolerance(tolerance: Any) -> Any:
+    from edgeinfer.runtime.precision import tolerance_of
+
+    return tolerance_of(tolerance)
+
+
+def _samples_digest(samples: list[dict[str, Any]] | None) -> str | None:
+    if not samples:
+        return None
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for sample in samples:
+        for name in sorted(sample):
+            array = np.ascontiguousarray(sample[name])
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
@@ -240,99 +202,10 @@ def _write_cache(path: Path, key: str, choice: AutoChoice) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_cache(path)
         data[key] = {"backends": choice.backends, "median_ms": choice.median_ms, "native": choice.native,
-                     "reason": choice.reason}
+                     "reason": choice.reason, "precision": choice.precision_record()}
         atomic_write_bytes(path, json.dumps(data, indent=1, sort_keys=True).encode())
     except (OSError, EdgeInferError) as exc:  # a cache that cannot be written only costs time later
         log.warning("auto backend cache %s could not be written: %s", path, exc)
-
-
-def _compile_candidates(model: Model, lists: list[list[str]], feeds: dict[str, Any], *, threads: int | None,
-                        device: str, fallback: bool, options: Mapping[str, Mapping[str, Any]],
-                        native: str | None) -> tuple[dict[str, Any], dict[str, Any], str | None, str]:
-    """Compile and run once every candidate (``lists[0]`` the native one where ``native``).
-    Returns (label -> (names, backends, plan, runner), skipped: label -> why, the native
-    candidate's label if it takes the whole graph, the note on the native engine)."""
-    from edgeinfer.runtime.compile import compile
-    from edgeinfer.runtime.placement import make_backends, make_plan
-
-    native_label = ",".join(lists[0]) if native is not None else None
-    native_note = ""
-    ready: dict[str, Any] = {}
-    skipped: dict[str, str] = {}
-    placements: dict[tuple, str] = {}
-    for index, names in enumerate(lists, 1):
-        label = ",".join(names)
-        progress.info("candidate %d/%d: %s (compile, warm-up)", index, len(lists), label)
-        runner = None
-        try:
-            backends = make_backends(names, device=device, fallback=fallback,
-                                     options={k: v for k, v in options.items() if k in {n.partition("@")[0] for n in names}})
-            plan = make_plan(model.graph, backends)
-            on = {b.name: b.device for b in backends}  # torch on the CPU and on the GPU differ
-            placement = tuple((part.backend, on[part.backend], tuple(part.nodes)) for part in plan.parts)
-            if label == native_label and any(part.backend != native for part in plan.parts):
-                counts = plan.node_counts()
-                native_note = (f"{native} takes {counts.get(native, 0)} of {sum(counts.values())} nodes, not the "
-                               "whole graph: timed as any other candidate")
-                native_label = None
-            if placement in placements:
-                skipped[label] = f"places every node as {placements[placement]!r} does"
-                continue
-            placements[placement] = label
-            notes: list[str] = []
-            plan, runner = compile(model.graph, backends, threads=threads, notes=notes)  # re-partitioned if a part fails
-            runner.run(feeds)  # warm-up; also proves the candidate runs
-        except Exception as exc:  # noqa: BLE001 - a candidate that cannot compile or run is dropped
-            if runner is not None:
-                runner.close()
-            skipped[label] = (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:300]
-            continue
-        ready[label] = (names, backends, plan, runner, notes)
-    if native_label is not None and native_label not in ready:
-        native_note = f"{native} could not run the model: {skipped.get(native_label, '')}"
-        native_label = None
-    return ready, skipped, native_label, native_note
-
-
-def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, threads: int | None, device: str,
-            fallback: bool, options: Mapping[str, Mapping[str, Any]], native: str | None = None,
-            budget_s: float | None = None) -> AutoChoice:
-    """Compile every candidate priority list (and ``native``'s, the engine of the model's source
-    format, first), race them on ``feeds`` (``measure.race``: a candidate over ``_DROP_FACTOR``
-    times the best after a first short round is dropped, never the native one), return the
-    winner by ``decide`` (with its compiled runner in ``prepared``: the caller owns and closes it)."""
-    feeds = dict(feeds)
-    ready, skipped, native_label, native_note = _compile_candidates(
-        model, _native_first(lists, native), feeds, threads=threads, device=device, fallback=fallback,
-        options=options, native=native)
-    if native_label is not None:
-        progress.info("native engine %s takes the whole graph: kept unless another is over %.0f%% faster",
-                      native, NATIVE_MARGIN * 100)
-    if not ready:
-        raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
-    runners = {label: entry[3] for label, entry in ready.items()}
-    try:
-        timed = race({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, drop_factor=_DROP_FACTOR,
-                     protected=native_label, budget_s=_TIME_BUDGET_S if budget_s is None else budget_s,
-                     probe_factor=_PROBE_FACTOR,
-                     again=lambda medians: _decisive_pair(medians, native_label))
-    except BaseException:
-        for runner in runners.values():
-            runner.close()
-        raise
-    skipped.update(timed.dropped)
-    medians = timed.medians_ms()
-    progress.info("timed %s", ", ".join(f"{label} ({ms:.3g} ms)" for label, ms in sorted(medians.items(),
-                                                                                        key=lambda item: item[1])))
-    winner, reason = decide(medians, native_label)
-    for label, runner in runners.items():
-        if label != winner:
-            runner.close()
-    log.info("backend='auto' timings (median ms): %s -> %s (%s)", medians, winner, reason)
-    names, backends, plan, runner, _ = ready[winner]
-    return AutoChoice(names, median_ms=medians, skipped=skipped, native=native_label, native_note=native_note,
-                      reason=reason, repartitions={label: e[4] for label, e in ready.items() if e[4]},
-                      prepared=(backends, plan, runner))
 
 
 def choose_executor(model: Model, backends: list, feeds: Mapping[str, Any], *, threads: int | None,

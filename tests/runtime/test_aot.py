@@ -297,7 +297,7 @@ def test_a_first_run_that_fails_on_the_artifacts_is_run_again_from_the_ir(compil
 
 def _numpy_wins_warm(monkeypatch) -> None:
     """auto's warm race says numpy won (whatever the timings), so the cold-start weighing runs."""
-    monkeypatch.setattr("edgeinfer.runtime.auto.decide", lambda medians, native=None, margin=0.0: ("numpy", "forced"))
+    monkeypatch.setattr("edgeinfer.runtime.auto_choice.decide", lambda medians, native=None, margin=0.0: ("numpy", "forced"))
 
 
 def test_compile_weighs_the_first_result_when_auto_leaves_the_native_engine(source, feeds, expected, tmp_path,

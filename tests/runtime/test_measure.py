@@ -50,7 +50,7 @@ def test_the_users_budget_reaches_autos_race(monkeypatch):
     import edgeinfer as ei
     from devkit import zoo
     from edgeinfer.errors import BackendError
-    from edgeinfer.runtime import auto, measure
+    from edgeinfer.runtime import auto_race, measure
 
     seen = []
 
@@ -58,7 +58,7 @@ def test_the_users_budget_reaches_autos_race(monkeypatch):
         seen.append(kwargs["budget_s"])
         return measure.race(runs, **kwargs)
 
-    monkeypatch.setattr(auto, "race", spy)
+    monkeypatch.setattr(auto_race, "race", spy)
     model = ei.convert(zoo.mlp_symbolic_batch())
     feeds = {"x": np.ones((2, model.inputs[0].shape[1]), np.float32)}
     with ei.Session(model, backend="auto", options=[ei.AutoOptions(cache=False, budget_s=0.25),
