@@ -837,6 +837,10 @@ def compile_command(model_path: Path, output: Path, backend: str, threads: int |
     section = compiled.compiled
     if section.auto is not None:
         click.echo(f"auto: {','.join(section.auto['backends'])} ({section.auto['reason']})", err=True)
+    from edgeinfer.runtime.precision import describe as precision_lines
+
+    for line in precision_lines(section.precision):
+        click.echo(line, err=True)
     made = sum(1 for part in section.parts if part["artifact"] is not None)
     placed = ", ".join(f"{part['backend']} {len(part['nodes'])} node(s)" for part in section.parts)
     click.echo(f"wrote {output}: {len(section.parts)} part(s) ({placed}), {made} engine artifact(s), "

@@ -14,7 +14,14 @@ In the document, beside the graph::
                  "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
                             "inputs": [values], "outputs": [values]}],
                  "artifacts": [{"kind", "facts", "offset", "nbytes", "sha256"}],
-                 "auto": null or {"median_ms", "reason"}}
+                 "auto": null or {"median_ms", "reason"},
+                 "precision": {"precision": "bf16", "engine_options": {"openvino": {...}},   (optional:
+                               "error": {output: {"sqnr_db", "max_error"}},    only where not fp32)
+                               "kept_fp32": [nodes], "not_offered": {configuration: why}}}
+
+``precision``'s engine options are applied when the file is loaded, so only the options that set
+a precision are accepted (``PRECISION_OPTIONS``: OpenVINO's hint and f32 nodes, torch's compute
+type); a file carrying any other engine option is refused.
 
 Artifact bytes follow the tensors in the data section (offsets relative to it, 64-aligned).
 The digest is the SHA-256 of the document's metadata, tensor table and graph as canonical JSON:
@@ -42,6 +49,8 @@ SECTION_VERSION = 1
 _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine", "engines", "digest", "parts",
            "artifacts", "auto")
 _ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes", "sha256")
+_PRECISION_FIELDS = ("precision", "engine_options", "error", "kept_fp32", "not_offered")
+PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision",)}
 _ALIGNMENT = 64
 
 
@@ -113,7 +122,7 @@ class CompiledSection:
     def __init__(self, backends: list[str], assignment: list[str], executor: str, threads: int | None, machine: str,
                  engines: dict[str, str], digest: str, parts: list[dict[str, Any]],
                  artifacts: list[StoredArtifact] | None = None, auto: dict[str, Any] | None = None,
-                 source: str = "") -> None:
+                 source: str = "", precision: dict[str, Any] | None = None) -> None:
         self.backends = backends
         self.assignment = assignment
         self.executor = executor
@@ -125,6 +134,7 @@ class CompiledSection:
         self.artifacts: list[StoredArtifact] = [] if artifacts is None else artifacts
         self.auto = auto
         self.source = source  # the file it was read from
+        self.precision = precision  # the precision decided, where not fp32 (see the module docstring)
         self.said: set[str] = set()  # why its artifacts went unused, each said once
         self.ir_sha256: str | None = None  # the stored IR's SHA-256 (version 3.4: ``core_sha256``)
 
@@ -214,6 +224,8 @@ def section_document(section: CompiledSection, data_start: int) -> tuple[dict[st
            "executor": section.executor, "threads": section.threads, "machine": section.machine,
            "engines": section.engines, "digest": section.digest, "parts": parts, "artifacts": entries,
            "auto": section.auto}
+    if section.precision is not None:
+        doc["precision"] = section.precision
     return doc, placed, offset
 
 
@@ -222,7 +234,7 @@ def read_section(obj: Any, reader: DocumentReader, data_at: Callable[[int, int],
     """The compiled section of a document, every field checked (``nodes``: the graph's node count;
     ``data_at(start, nbytes)``: the file's bytes there, read when an artifact's are first asked)."""
     where = "document.compiled"
-    optional = tuple(name for name in ("ir_sha256",) if isinstance(obj, dict) and name in obj)
+    optional = tuple(name for name in ("precision", "ir_sha256") if isinstance(obj, dict) and name in obj)
     obj = reader.fields(obj, where, (*_FIELDS, *optional))
     if obj["version"] != SECTION_VERSION:
         raise reader.fail(f"{where}.version", str(SECTION_VERSION), obj["version"])
@@ -257,10 +269,39 @@ def read_section(obj: Any, reader: DocumentReader, data_at: Callable[[int, int],
     section = CompiledSection(list(reader.strings(obj["backends"], f"{where}.backends")), assignment,
                               reader.string(obj["executor"], f"{where}.executor"), threads,
                               reader.string(obj["machine"], f"{where}.machine"), engines, digest, parts, artifacts,
-                              auto, reader.source)
+                              auto, reader.source, _precision(obj.get("precision"), reader, f"{where}.precision"))
     if "ir_sha256" in obj:
         section.ir_sha256 = reader.string(obj["ir_sha256"], f"{where}.ir_sha256", non_empty=True)
     return section
+
+
+def _precision(obj: Any, reader: DocumentReader, where: str) -> dict[str, Any] | None:
+    """The precision record, its engine options limited to those that set a precision."""
+    if obj is None:
+        return None
+    obj = reader.fields(obj, where, _PRECISION_FIELDS)
+    reader.string(obj["precision"], f"{where}.precision", non_empty=True)
+    options = obj["engine_options"]
+    if not isinstance(options, dict):
+        raise reader.fail(f"{where}.engine_options", "an object", options)
+    for backend, values in options.items():
+        at = f"{where}.engine_options.{backend}"
+        if not isinstance(values, dict):
+            raise reader.fail(at, "an object", values)
+        allowed = PRECISION_OPTIONS.get(backend, ())
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ModelFormatError(f"{reader.source}: {at}: expected only options that set a precision "
+                                   f"({', '.join(allowed) or 'none for this backend'}), found {', '.join(unknown)}")
+        if "precision" in values:
+            reader.string(values["precision"], f"{at}.precision", non_empty=True)
+        if "fp32_nodes" in values:
+            reader.strings(values["fp32_nodes"], f"{at}.fp32_nodes")
+    for name in ("error", "not_offered"):
+        if not isinstance(obj[name], dict):
+            raise reader.fail(f"{where}.{name}", "an object", obj[name])
+    reader.strings(obj["kept_fp32"], f"{where}.kept_fp32")
+    return obj
 
 
 def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[[int, int], Any], data_offset: int,

@@ -143,7 +143,26 @@ def _section(plan: Any, threads: int | None, output: Path) -> Any:
     names = choice.backends if choice is not None else [b.name for b in plan.backends]
     engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
     return CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads, machine_key(),
-                           engines, document_digest(output), parts, artifacts, auto, os.fspath(output))
+                           engines, document_digest(output), parts, artifacts, auto, os.fspath(output),
+                           _precision(plan))
+
+
+def _precision(plan: Any) -> dict[str, Any] | None:
+    """What the plan computes in, where not all fp32: auto's decision (its figures against fp32),
+    or the precision options of the engines it was given (``compiled.PRECISION_OPTIONS``)."""
+    from edgeinfer.format.compiled import PRECISION_OPTIONS
+
+    choice = plan.auto_choice
+    if choice is not None and (choice.precision != "fp32" or choice.precision_notes or choice.errors):
+        return choice.precision_record()
+    given = {b.name: {k: v for k, v in getattr(b, "engine_options", {}).items() if k in PRECISION_OPTIONS[b.name]}
+             for b in plan.backends if b.name in PRECISION_OPTIONS}
+    given = {name: values for name, values in given.items() if values}
+    if not given:
+        return None
+    words = {str(v.get("precision")) for v in given.values()}
+    return {"precision": ",".join(sorted(words)), "engine_options": given, "error": {}, "kept_fp32": [],
+            "not_offered": {}}
 
 
 def _bound(model: Any, shapes: dict[str, tuple]) -> Any:

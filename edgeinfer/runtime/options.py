@@ -9,6 +9,11 @@
 - ``AutoOptions``: ``backend="auto"`` (its disk cache).
 - ``StreamOptions``: ``Session.stream`` (the default pipeline shape, the planner's budget).
 - ``RayOptions``: ``executor="ray"`` (where Ray runs, each stage actor's resources, transfers).
+- ``PrecisionOptions``: the compute precision (``"fp32"``, ``"auto"``, ``"bf16"``, ``"fp16"``), the
+  real inputs a reduced precision is checked on, the tolerance (``runtime.precision``). Also
+  taken as the Session keywords ``precision=``, ``samples=``, ``tolerance=`` (no warning: they
+  are meant as keywords). With a single named backend and a fixed precision, ``precision`` is
+  that engine's option (OpenVINO's hint, torch's compute type), as before.
 
 The keywords these replace (``Session(..., fallback=True, stages=2, ...)``) still work: they
 are mapped here, in ``from_keywords``, with one ``DeprecationWarning`` per call naming the option
@@ -85,6 +90,28 @@ def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str |
     raise BackendError(f"replicas {replicas!r}: expected a positive integer, a list of them, or 'auto'")
 
 
+class _PrecisionFields(NamedTuple):
+    precision: str = "fp32"  # "fp32", "auto" (reduced candidates where they hold), "bf16", "fp16"
+    samples: Sequence[Mapping[str, Any]] | None = None  # real inputs reduced precision is checked on
+    tolerance: Any = None  # dB SQNR floor, {"sqnr_db", "max_error"} or a precision.Tolerance (None: default)
+
+
+class PrecisionOptions(_PrecisionFields):
+    __slots__ = ()
+
+    def __new__(cls, precision: str = "fp32", samples: Any = None, tolerance: Any = None) -> PrecisionOptions:
+        from edgeinfer.runtime.precision import check_precision, tolerance_of
+
+        tolerance_of(tolerance)
+        if isinstance(samples, Mapping):
+            samples = [samples]
+        if samples is not None and (isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence)
+                                    or not all(isinstance(s, Mapping) for s in samples)):
+            raise BackendError(f"samples: expected a list of feed dicts (input name -> array), got "
+                               f"{type(samples).__name__}")
+        return super().__new__(cls, check_precision(precision), None if samples is None else list(samples), tolerance)
+
+
 class RayOptions(NamedTuple):
     address: str | None = None  # None: a local Ray instance; "ray://host:port" or "auto"
     stage_resources: Any = None  # one dict of actor resources for every stage, or one per stage
@@ -101,7 +128,7 @@ class RayOptions(NamedTuple):
         return {"address": self.address, "stage_resources": self.stage_resources, **extra}
 
 
-OPTION_TYPES = (RunOptions, AutoOptions, StreamOptions, RayOptions)
+OPTION_TYPES = (RunOptions, AutoOptions, StreamOptions, RayOptions, PrecisionOptions)
 
 
 class Options(NamedTuple):
@@ -111,6 +138,7 @@ class Options(NamedTuple):
     auto: AutoOptions = AutoOptions()
     stream: StreamOptions = StreamOptions()
     ray: RayOptions = RayOptions()
+    precision: PrecisionOptions = PrecisionOptions()
 
 
 def replace(options: Any, **changes: Any) -> Any:
@@ -119,7 +147,10 @@ def replace(options: Any, **changes: Any) -> Any:
     return type(options)(**{**options._asdict(), **changes})
 
 
-_SLOTS = {RunOptions: "run", AutoOptions: "auto", StreamOptions: "stream", RayOptions: "ray"}
+_SLOTS = {RunOptions: "run", AutoOptions: "auto", StreamOptions: "stream", RayOptions: "ray",
+          PrecisionOptions: "precision"}
+_PRECISION_ENGINES = ("openvino", "torch")  # engines with a precision option
+_ENGINE_PRECISION = {"openvino": {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}}  # else the same words
 # each deprecated Session keyword -> the option group that takes it now
 _KEYWORDS = {name: cls for cls in (RunOptions, AutoOptions, StreamOptions) for name in cls._fields}
 _KEYWORDS.update(address=RayOptions, stage_resources=RayOptions, ray_options=RayOptions)
@@ -142,6 +173,24 @@ def gather(options: Any) -> Options:
             raise BackendError(f"options: {type(option).__name__} given twice")
         slots[slot] = option
     return Options(**slots)
+
+
+def precision_keywords(options: Options, keywords: dict[str, Any], backend: Any) -> tuple[Options, dict[str, Any]]:
+    """``precision=``, ``samples=``, ``tolerance=`` out of ``keywords`` into ``options.precision``;
+    with a single named backend and a fixed precision, ``precision`` stays that engine's option."""
+    given = {name: keywords.pop(name) for name in PrecisionOptions._fields if name in keywords}
+    if not given:
+        return options, keywords
+    word = given.get("precision")
+    single = isinstance(backend, str) and backend != "auto"
+    if single and word not in ("auto", None) and not {"samples", "tolerance"} & set(given):
+        if backend in _PRECISION_ENGINES:
+            keywords["precision"] = _ENGINE_PRECISION.get(backend, {}).get(word, word)  # the engine checks it
+        elif word != "fp32":
+            raise BackendError(f"precision={word!r}: backend {backend!r} computes in fp32 only (bf16 and fp16: "
+                               f"{', '.join(_PRECISION_ENGINES)}; precision='auto' chooses where it holds)")
+        return options, keywords
+    return replace(options, precision=replace(options.precision, **given)), keywords
 
 
 def from_keywords(options: Options, keywords: dict[str, Any]) -> tuple[Options, dict[str, Any]]:
@@ -191,10 +240,14 @@ def _mapped(options: Options, old: Mapping[str, Any]) -> tuple[Options, dict[str
 
 
 def engine_options(backend: Any, per_backend: Mapping[str, Mapping[str, Any]] | None,
-                   keywords: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Engine options by backend name: ``RunOptions.backend_options``, plus the Session's extra
+                   keywords: Mapping[str, Any], compiled: Any = None) -> dict[str, dict[str, Any]]:
+    """Engine options by backend name: those a compiled ``.eim`` decided its precision with
+    (``compiled.precision``), under ``RunOptions.backend_options``, plus the Session's extra
     keywords for a single backend."""
-    options = {name: dict(values) for name, values in (per_backend or {}).items()}
+    stored = (getattr(compiled, "precision", None) or {}).get("engine_options", {})
+    options = {name: dict(values) for name, values in stored.items()}
+    for name, values in (per_backend or {}).items():
+        options[name] = {**options.get(name, {}), **values}
     if keywords:
         if not isinstance(backend, str) or backend == "auto":
             raise BackendError(f"engine options {sorted(keywords)} need a single backend; with "

@@ -197,7 +197,7 @@ class EngineSettings:
     def __init__(self, backend: Any, executor: str, threads: int | None = None, device: str = "cpu",
                  fallback: bool = False, options: dict[str, dict[str, Any]] | None = None, debug: bool = False,
                  cache: Any = None, plan_cache_size: int = 8, compiled: Any = None,
-                 auto_budget: float | None = None) -> None:
+                 auto_budget: float | None = None, precision: Any = None) -> None:
         self.backend = backend  # "auto", a name, a Backend, or a priority list
         self.executor = executor  # sequential | dag | auto | ray
         self.threads = threads
@@ -209,11 +209,19 @@ class EngineSettings:
         self.plan_cache_size = plan_cache_size
         self.compiled = compiled  # the compiled section of an .eim this session runs (``aot``)
         self.auto_budget = auto_budget  # seconds auto's timing rounds take together (None: the default)
+        self.precision = precision  # options.PrecisionOptions (None: fp32)
+        self.samples: list[dict[str, Any]] | None = None  # checked real inputs a reduced precision is checked on
+
+    @property
+    def measured_precision(self) -> str:
+        """The precision auto decides on ("fp32": none to decide)."""
+        return "fp32" if self.precision is None else self.precision.precision
 
     @property
     def per_signature(self) -> bool:
         """Whether anything is measured, so each signature decides on its own."""
-        return self.compiled is None and (self.backend == "auto" or self.executor == "auto")
+        return self.compiled is None and (self.backend == "auto" or self.executor == "auto"
+                                          or self.measured_precision != "fp32")
 
 
 class CompiledPlan(Owned):
@@ -271,6 +279,12 @@ class CompiledPlan(Owned):
             from edgeinfer.runtime.aot import describe
 
             text += "\n" + "\n".join(describe(self.section))
+        record = getattr(self.section, "precision", None) or (
+            self.auto_choice.precision_record() if self.auto_choice is not None else None)
+        if record:
+            from edgeinfer.runtime.precision import describe as precision_lines
+
+            text += "".join(f"\n{line}" for line in precision_lines(record))
         if self.repartitions:
             text += "\nre-partitioned:\n" + "\n".join(f"  {line}" for line in self.repartitions)
         return text
@@ -297,12 +311,18 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     executor = settings.executor
     local = "sequential" if executor == "ray" else executor  # Ray: the actors compile the stages
     auto_choice = None
-    if settings.backend == "auto":
+    if settings.backend == "auto" or settings.measured_precision != "fp32":
         from edgeinfer.runtime.auto import choose_backends
+        from edgeinfer.runtime.options import PrecisionOptions
 
+        precision = settings.precision or PrecisionOptions()
+        lists = None if settings.backend == "auto" else \
+            [[b if isinstance(b, str) else b.name for b in placement.backend_priority(settings.backend)]]
         auto_choice = choose_backends(model, feeds, threads=settings.threads, device=settings.device,
                                       fallback=settings.fallback, options=settings.options, cache=settings.cache,
-                                      signature=signature, budget_s=settings.auto_budget)
+                                      signature=signature, budget_s=settings.auto_budget,
+                                      precision=precision.precision, samples=settings.samples,
+                                      tolerance=precision.tolerance, lists=lists)
         names = auto_choice.backends
         prepared, auto_choice.prepared = auto_choice.prepared, None
         if prepared is not None:
@@ -315,8 +335,9 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
             prepared[2].close()
     else:
         names = placement.backend_priority(settings.backend)
-    backends = placement.make_backends(names, device=settings.device, fallback=settings.fallback,
-                                       options=settings.options)
+    chosen = {} if auto_choice is None else auto_choice.options  # a reduced precision's engine options
+    options = {k: {**settings.options.get(k, {}), **chosen.get(k, {})} for k in {*settings.options, *chosen}}
+    backends = placement.make_backends(names, device=settings.device, fallback=settings.fallback, options=options)
     executor_ms: dict[str, float] = {}
     notes: list[str] = []
     excluded: dict[int, dict[str, str]] = {}

@@ -25,7 +25,7 @@ from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
 from edgeinfer.runtime.futures import chain
 from edgeinfer.runtime.lean import compiled_plan as section_plan
-from edgeinfer.runtime.options import check_choice, from_keywords, gather
+from edgeinfer.runtime.options import check_choice, from_keywords, gather, precision_keywords
 from edgeinfer.runtime.options import engine_options as merged_engine_options
 from edgeinfer.runtime.plans import CompiledPlan, EngineSettings, PlanCache, build_plan
 
@@ -65,7 +65,7 @@ class Session:
                  device: str = "cpu", executor: str = "sequential", options: Any = None, **engine_options: Any):
         from edgeinfer.runtime import placement
 
-        opts, engine_options = from_keywords(gather(options), dict(engine_options))
+        opts, engine_options = from_keywords(*precision_keywords(gather(options), dict(engine_options), backend))
         # a compiled .eim whose plan is what is asked: its plan, its graph not read (aot.resolve)
         model, section, backend, executor = resolve(model, backend, executor)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -73,7 +73,7 @@ class Session:
         run, stream = opts.run, opts.stream
         self.model, self.threads, self.device, self.options = model, threads, check_device(device), opts
         self.debug = os.environ.get("EDGEINFER_DEBUG", "") not in ("", "0") if run.debug is None else run.debug
-        self.backend_options = merged_engine_options(backend, run.backend_options, engine_options)
+        self.backend_options = merged_engine_options(backend, run.backend_options, engine_options, section)
         self.fallback = run.fallback
         if executor not in (*placement.EXECUTORS, "auto", "ray"):
             raise BackendError(f"executor {executor!r}: expected one of {', '.join(placement.EXECUTORS)}, auto, ray")
@@ -86,7 +86,8 @@ class Session:
         self.backend_name = backend if isinstance(backend, str) else ",".join(
             n if isinstance(n, str) else n.name for n in placement.backend_priority(backend))
         self._settings = EngineSettings(backend, executor, threads, self.device, self.fallback, self.backend_options,
-                                        self.debug, opts.auto.cache, run.plan_cache_size, section, opts.auto.budget_s)
+                                        self.debug, opts.auto.cache, run.plan_cache_size, section, opts.auto.budget_s,
+                                        opts.precision)
         self._checker = FeedChecker(model.inputs, run.buckets)
         self._inputs = model.inputs
         self.plan_cache = PlanCache(run.plan_cache_size)  # CompiledPlan per signature (auto decisions)
@@ -97,6 +98,9 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._example = self._checker.check(run.example_feeds) if run.example_feeds is not None else None
+        given = opts.precision.samples  # what a reduced precision is checked on: real inputs only
+        self._settings.samples = [self._checker.check(s) for s in given] if given else \
+            None if self._example is None else [self._example]
         if section is not None:  # a compiled .eim: its stored plan, from its artifacts
             self._single = self._current = section_plan(model, self._settings)
         elif not self._settings.per_signature:
