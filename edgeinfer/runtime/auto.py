@@ -82,11 +82,13 @@ def _versions() -> dict[str, str]:
 
 
 def cache_key(model: Model, *, threads: int | None, device: str, fallback: bool,
-              options: Mapping[str, Any], signature: Any = "static", precision: Any = None) -> str:
+              options: Mapping[str, Any], signature: Any = "static", precision: Any = None,
+              lists: Any = None) -> str:
     """What a cached choice depends on (``precision``: the precision, tolerance and samples
-    digest of ``precision="auto"``, None for fp32)."""
+    digest of ``precision="auto"``, None for fp32; ``lists``: the candidates where not auto's own,
+    as for a named backend with a precision)."""
     facts = {"model": model.graph.content_hash(), "signature": str(signature), "threads": threads, "rule": RULE,
-             "precision": precision,
+             "precision": precision, **({} if lists is None else {"lists": lists}),
              "native": native_engine(model),
              "device": device, "fallback": fallback,
              "options": repr(sorted((k, sorted(dict(v).items())) for k, v in options.items())),
@@ -139,6 +141,11 @@ def _cached_choice(entry: Any, installed: list[str], key: str) -> AutoChoice | N
     errors = record.get("error")
     if isinstance(errors, dict) and all(isinstance(e, dict) for e in errors.values()):
         choice.errors[choice.label] = errors
+    notes, kept = record.get("not_offered"), record.get("kept_fp32")
+    if isinstance(notes, dict):
+        choice.precision_notes = {str(k): str(v) for k, v in notes.items()}
+    if isinstance(kept, list):
+        choice.kept_fp32[choice.label] = [str(name) for name in kept]
     return choice
 
 
@@ -156,7 +163,7 @@ def choose_backends(model: Model, feeds: Mapping[str, Any], *, threads: int | No
     wanted = None if precision == "fp32" else \
         [precision, repr(tuple(_tolerance(tolerance))), _samples_digest(samples)]
     key = cache_key(model, threads=threads, device=device, fallback=fallback, options=options,
-                    signature=signature, precision=wanted)
+                    signature=signature, precision=wanted, lists=lists)
     folder = cache_dir(cache)
     path = folder / CACHE_FILE if folder is not None else None
     if path is not None:

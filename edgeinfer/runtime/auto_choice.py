@@ -36,7 +36,7 @@ class AutoChoice:
     precision: str = "fp32"  # the winner's compute precision (auto_precision)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # the winner's engine options over the session's
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # reduced candidate -> output -> figures vs fp32
-    precision_notes: dict[str, str] = field(default_factory=dict)  # configuration -> why not offered or dropped
+    precision_notes: dict[str, str] = field(default_factory=dict)  # configuration -> not offered, dropped or slower: why
     kept_fp32: dict[str, list[str]] = field(default_factory=dict)  # mixed candidate -> the nodes kept fp32
     # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
     prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
@@ -58,7 +58,7 @@ class AutoChoice:
         lines += [f"  {label}: vs fp32: " + "; ".join(f"{out} {_figures(e)}" for out, e in errors.items())
                   for label, errors in self.errors.items()]
         lines += [f"  {label}: kept fp32: {', '.join(nodes)}" for label, nodes in self.kept_fp32.items()]
-        lines += [f"  {label}: not offered: {why}" for label, why in self.precision_notes.items()]
+        lines += [f"  {label}: {why}" for label, why in self.precision_notes.items()]
         return "\n".join(lines)
 
     def precision_record(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.model import Model
 from edgeinfer.runtime import auto_choice
+from edgeinfer.runtime import precision as rules
 from edgeinfer.runtime.auto_choice import (
     _DROP_FACTOR,
     _PROBE_FACTOR,
@@ -114,11 +115,11 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     entries = [Candidate(names) for names in _native_first(lists, native)]
     reduced, notes = ([], {}) if precision == "fp32" else reduced_candidates(lists, precision)
     if reduced and not samples:
-        notes.update({c.label: "no samples: a reduced precision is checked on real inputs (samples= or "
-                      "example_feeds), not on random data" for c in reduced})
+        notes.update({c.label: "not offered: no samples: a reduced precision is checked on real inputs (samples= "
+                      "or example_feeds), not on random data" for c in reduced})
         reduced = []
     if precision in ("bf16", "fp16") and not reduced:
-        raise EdgeInferError(f"precision={precision!r}: no installed engine offers it here: {notes}")
+        raise EdgeInferError(f"precision={precision!r}: no engine among the candidates offers it here: {notes}")
     ready, skipped, native_label, native_note = _compile_candidates(
         model, entries + reduced, feeds, threads=threads, device=device, fallback=fallback, options=options,
         native=native)
@@ -144,6 +145,13 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
         choice.skipped.update(screened.dropped)
         by_label.update(screened.mixed)
     chosen = by_label[winner]
+    for label, found in choice.errors.items():  # each checked configuration that lost, and why
+        if label != winner:
+            lost = choice.skipped.get(label) or (f"{choice.median_ms[label]:.3g} ms, slower" if label in
+                                                 choice.median_ms else "not timed")
+            kept = choice.kept_fp32.get(label)
+            with_fp32 = f" with fp32 {', '.join(kept)}" if kept else ""
+            notes[label] = f"{rules.worst(found)}{with_fp32}: {lost}"
     choice.precision, choice.options = chosen.precision, {k: dict(v) for k, v in chosen.overrides.items()}
     return choice
 

@@ -181,11 +181,11 @@ def offers(backends: Sequence[str], wanted: Sequence[str], native: Mapping[str, 
         for precision in wanted:
             label = f"{name}[{precision}]"
             if native.get(precision) is not None:
-                refused[label] = native[precision]
+                refused[label] = f"not offered: {native[precision]}"
             elif precision not in said:
-                refused[label] = f"{name} has no {precision} configuration in edgeinfer"
+                refused[label] = f"not offered: {name} has no {precision} configuration in edgeinfer"
             elif isinstance(said[precision], str):
-                refused[label] = said[precision]
+                refused[label] = f"not offered: {said[precision]}"
             else:
                 found.append(Offer(name, precision, dict(said[precision])))
     return found, refused
@@ -249,10 +249,11 @@ def describe(record: Mapping[str, Any] | None) -> list[str]:
         return []
     error = record.get("error") or {}
     figures = "; ".join(f"{out} {_figures_text(e)}" for out, e in error.items()) or "not checked against fp32"
-    lines = [f"precision: {record.get('precision')} ({figures})"]
+    lines = ["precision: fp32 (no reduced-precision configuration here is faster within the tolerance)"
+             if record.get("precision") == "fp32" else f"precision: {record.get('precision')} ({figures})"]
     if record.get("kept_fp32"):
         lines.append(f"precision: kept fp32: {', '.join(record['kept_fp32'])}")
-    lines += [f"precision: {label} not offered: {why}" for label, why in (record.get("not_offered") or {}).items()]
+    lines += [f"precision: {label}: {why}" for label, why in (record.get("not_offered") or {}).items()]
     return lines
 
 
