@@ -93,6 +93,9 @@ class LatencyReport:
     # fallbacks and the runtime's re-partitions, e.g. every node on numpy after a failed compile)
     elsewhere: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
+    precision: str = "fp32"  # what the contender computes in (its plan's decision, or as asked)
+    # where not fp32: per output, SQNR and max error over range against an fp32 run of the same feeds
+    precision_error: dict[str, dict[str, float | None]] | None = None
 
     @property
     def label(self) -> str:
@@ -239,7 +242,8 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
         for contender in contenders:
             session = contender.session
             stats = percentiles(times[contender.label])
-            choice = session.auto_choice.backends if session is not None and session.auto_choice is not None else None
+            choice = session.auto_choice.label.split(",") if session is not None and session.auto_choice is not None \
+                else None  # openvino[bf16], numpy for a reduced precision
             report = LatencyReport(
                 contender.label, contender.compile_s, contender.first_ms, stats, 1000 / stats["median"],
                 session.plan.describe() if session is not None else f"raw engine on {contender.runs_on}", choice,
@@ -254,6 +258,7 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
                 report.profile = profile_session(session, feeds)
                 progress.advance()
             reports.append(report)
+        _precision_errors(reports, contenders, model, feeds, threads)
         base = next((r for r in reports if r.native), None)
         for report in reports if base is not None else ():
             report.vs_native = report.ms["median"] / base.ms["median"]
@@ -270,6 +275,31 @@ def latency(model: Model, backends: Sequence[str | list[str]], feeds: Mapping[st
     finally:
         for contender in contenders:
             contender.close()
+
+
+def _precision_errors(reports: Sequence[LatencyReport], contenders: Sequence[_Contender], model: Model,
+                      feeds: Mapping[str, Any], threads: int | None) -> None:
+    """Each edgeinfer contender's precision; for those not fp32, their outputs against an fp32
+    run of the same feeds (onnxruntime where installed, else numpy), untimed."""
+    from edgeinfer.backend import available_backends
+    from edgeinfer.runtime.precision import output_errors
+    from edgeinfer.runtime.session import Session
+
+    sessions = {c.label: c.session for c in contenders if c.session is not None}
+    for report in reports:
+        session = sessions.get(report.backend)
+        if session is not None:
+            record = session.precision_record
+            report.precision = record["precision"] if record else session.options.precision.precision
+    reduced = [r for r in reports if r.precision != "fp32"]
+    if not reduced:
+        return
+    engine = "onnxruntime" if "onnxruntime" in available_backends() else "numpy"
+    with Session(model, backend=engine, threads=threads) as reference:
+        expected = [reference.run(dict(feeds))]
+    for report in reduced:
+        found = output_errors(expected, [sessions[report.backend].run(dict(feeds))])
+        report.precision_error = {name: error.as_json() for name, error in found.items()}
 
 
 def placement(plan: Any, backends: Sequence[str | list[str]], label: str) -> tuple[int, dict[str, int]]:

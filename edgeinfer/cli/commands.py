@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from edgeinfer.cli.precision import precision_lines, precision_options, session_precision
 from edgeinfer.cli.quantize import apply_quantization, quantize_command, quantize_options
 from edgeinfer.cli.shapes import ALLOW_UNIT_DIMS, Binding, bind, format_shapes, parse_shapes
 from edgeinfer.cli.support import (
@@ -363,12 +364,14 @@ def shape_options(fn):
 @click.option("--json", "json_path", type=click.Path(path_type=Path),
               help="Write the outputs' summary and the latency as JSON here ('-': to stdout, nothing else printed).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
+@precision_options
 @handle_errors
 @delegate_options  # inside handle_errors: its checks are one-line errors
 def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: bool, batch: int, shape_specs: tuple[str, ...],
         allow_unit_dims: bool, backend: str,
         threads: int | None, device: str, fallback: bool, executor: str, repeat: int, output_dir: Path | None,
-        profile: bool, json_path: Path | None, weights: Path | None, backend_options: dict | None) -> None:
+        profile: bool, json_path: Path | None, weights: Path | None, backend_options: dict | None,
+        precision: dict) -> None:
     """Run MODEL (.eim, or any convertible file) and print outputs and timing.
 
     Example: edgeinfer run model.eim --random-inputs --backend onnxruntime --threads 2
@@ -382,11 +385,14 @@ def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: b
                         image=image)
     asked = parse_backend(backend)
     _check_delegate_backends(backend_options, [asked])
-    with auto_progress(asked == "auto" or executor == "auto"):
+    reduced = session_precision(model, precision, feeds, _all_from_files(model, inputs),
+                                lambda spec: _load_feeds(model, (spec,), False, 1, shape_specs, image=image))
+    with auto_progress(asked == "auto" or executor == "auto" or bool(reduced)):
         session = ei.Session(model, backend=asked, threads=threads, device=device, executor=executor,
-                             options=RunOptions(fallback=fallback, debug=profile or None, backend_options=backend_options, example_feeds=feeds))  # auto decides on these shapes, not on guessed dims
+                             options=RunOptions(fallback=fallback, debug=profile or None, backend_options=backend_options, example_feeds=feeds),  # auto decides on these shapes, not on guessed dims
+                             **reduced)
     to_stdout = json_path is not None and str(json_path) == "-"
-    for line in choice_lines(session):
+    for line in [*choice_lines(session), *precision_lines(session)]:
         click.echo(line, err=True)
     placement = placement_line(session, asked)
     if placement:
@@ -418,6 +424,13 @@ def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: b
             click.echo(f"wrote {len(outputs)} output(s) to {output_dir}")
     if json_path is not None:
         _write_run_json(json_path, outputs, times_ms, session.backend_name, threads)
+
+
+def _all_from_files(model, specs: tuple[str, ...]) -> bool:
+    """Whether ``-i`` gave every input of ``model`` (real data, not random)."""
+    names = [info.name for info in model.inputs]
+    given = {spec.partition("=")[0] if "=" in spec else names[0] for spec in specs}
+    return set(names) <= given
 
 
 def _run_naming_warnings(session, feeds: dict) -> dict:
@@ -702,12 +715,13 @@ BENCH_EXECUTORS = ("local", "sequential", "dag", "auto", "ray")
                    "process (slower; nothing one engine loaded counts for another).")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no notes: the tables only.")
+@precision_options
 @handle_errors
 @delegate_options  # inside handle_errors: its checks are one-line errors
 def bench(model_path: Path, backends: str, threads: int | None, device: str, fallback: bool, executor: str,
           inputs: tuple[str, ...], image: dict, batch: int, shape_specs: tuple[str, ...], allow_unit_dims: bool, runs: int, warmup: int, peers: bool, top: int,
           stream_requests: int | None, stages: str, json_path: Path | None, plot_path: Path | None,
-          memory: str, weights: Path | None, quiet: bool, backend_options: dict | None) -> None:
+          memory: str, weights: Path | None, quiet: bool, backend_options: dict | None, precision: dict) -> None:
     """Measure MODEL (.eim, or any file edgeinfer converts) on this device, backend by backend.
 
     Per backend: compile time, first run, latency min/median/p90/p99/max over interleaved rounds,
@@ -739,7 +753,9 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
     feeds = _load_feeds(model, inputs, True, batch, shape_specs, timed="bench", allow_unit_dims=allow_unit_dims,
                         image=image)
     options = {"device": device, "fallback": fallback,
-               "executor": executor if executor in ("dag", "auto") else "sequential"}
+               "executor": executor if executor in ("dag", "auto") else "sequential",
+               **session_precision(model, precision, feeds, _all_from_files(model, inputs),
+                                   lambda spec: _load_feeds(model, (spec,), False, 1, shape_specs, image=image))}
     if backend_options is not None:
         options["backend_options"] = backend_options
     peer_names = list(PEERS) if peers else []
@@ -762,7 +778,8 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
                 progress.advance()
     document = measure.as_json(reports, streams, skipped_peers=skipped, failed=failed, settings={
         "model": str(model_path), "backends": backends, "threads": threads, "device": device, "batch": batch,
-        "runs": runs, "warmup": warmup, "executor": executor, "memory": memory, "feeds": {k: list(v.shape) for k, v in feeds.items()}})
+        "runs": runs, "warmup": warmup, "executor": executor, "memory": memory, "feeds": {k: list(v.shape) for k, v in feeds.items()},
+        "precision": precision["precision"]})
     flush_notes()
     if to_stdout:
         click.echo(json.dumps(document, indent=1))
@@ -773,7 +790,7 @@ def bench(model_path: Path, backends: str, threads: int | None, device: str, fal
               f"after {warmup} warm-up", highlight=False)
     latency_table = tables.latency_table(reports, failed, width=out.width)
     out.print(latency_table)
-    for line in tables.integer_lines(reports, latency_table):
+    for line in [*tables.integer_lines(reports, latency_table), *tables.precision_lines(reports, latency_table)]:
         out.print(line, highlight=False, soft_wrap=True)
     for line in tables.failure_lines(failed, reports):
         out.print(line, highlight=False, soft_wrap=True)
@@ -818,9 +835,10 @@ main.add_command(quantize_command)
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="An example input to decide on (repeatable); a model with symbolic dims keeps them.")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
+@precision_options
 @handle_errors
 def compile_command(model_path: Path, output: Path, backend: str, threads: int | None, shape_specs: tuple[str, ...],
-                    inputs: tuple[str, ...], weights: Path | None) -> None:
+                    inputs: tuple[str, ...], weights: Path | None, precision: dict) -> None:
     """Compile MODEL ahead of time into one .eim: the plan (auto measured on this machine) and
     each part's engine-ready artifact, so a device loads it with no export and no measuring.
 
@@ -832,8 +850,10 @@ def compile_command(model_path: Path, output: Path, backend: str, threads: int |
     asked = parse_backend(backend)
     shapes = parse_shapes(shape_specs, input_names=[t.name for t in model.inputs], symbols=False)
     feeds = _load_feeds(model, inputs, False, 1) if inputs else None
-    with auto_progress(asked == "auto"):
-        compiled = ei.compile(model, output, backend=asked, threads=threads, shapes=shapes, example_feeds=feeds)
+    reduced = session_precision(model, precision, feeds, True, lambda spec: _load_feeds(model, (spec,), False, 1))
+    with auto_progress(asked == "auto" or bool(reduced)):
+        compiled = ei.compile(model, output, backend=asked, threads=threads, shapes=shapes, example_feeds=feeds,
+                              **reduced)
     section = compiled.compiled
     if section.auto is not None:
         click.echo(f"auto: {','.join(section.auto['backends'])} ({section.auto['reason']})", err=True)

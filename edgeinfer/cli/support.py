@@ -142,7 +142,7 @@ def choice_lines(session) -> list[str]:
     lines = []
     choice = session.auto_choice
     if choice is not None:
-        winner = ",".join(choice.backends)
+        winner = choice.label  # openvino[bf16],numpy for a reduced precision
         if choice.cached:
             lines.append(f"auto: chose {winner} (measured earlier on this machine; cached)")
         else:
@@ -152,9 +152,6 @@ def choice_lines(session) -> list[str]:
         if choice.native_note:
             lines.append(f"auto: native engine: {choice.native_note}")
         lines += [f"auto: skipped {label}: {why}" for label, why in choice.skipped.items()]
-        from edgeinfer.runtime.precision import describe
-
-        lines += [f"auto: {line}" for line in describe(choice.precision_record())]
     if session.executor_ms:
         lines.append(f"auto: executor {session.executor}{_margin(session.executor, session.executor_ms)}")
     return lines

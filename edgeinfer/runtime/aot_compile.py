@@ -17,12 +17,15 @@ from edgeinfer.runtime.aot import machine_key
 
 def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto", threads: int | None = None,
                   executor: str = "sequential", shapes: dict[str, tuple] | None = None,
-                  example_feeds: dict[str, Any] | None = None, options: Any = None) -> Any:
+                  example_feeds: dict[str, Any] | None = None, options: Any = None, precision: str = "fp32",
+                  samples: Any = None, tolerance: Any = None) -> Any:
     """Write ``model`` (a ``Model`` or a model file) to ``output`` as a compiled ``.eim``: the plan
     a Session on this machine chooses (``backend="auto"``: measured here, on ``example_feeds``
     where given, else random data) and each part's artifact; returns the model as loaded from
     the file. ``shapes`` ({input: shape}) binds symbolic dims for good; without them a model with
-    symbolic dims needs ``example_feeds``, and its plan and artifacts keep the symbolic dims."""
+    symbolic dims needs ``example_feeds``, and its plan and artifacts keep the symbolic dims.
+    ``precision``, ``samples`` and ``tolerance`` are the Session's (``runtime.precision``): the
+    precision decided, its error against fp32 and the nodes kept fp32 are stored with the plan."""
     import numpy as np
 
     from edgeinfer.api import load_any
@@ -50,7 +53,9 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
     if feeds is not None:
         opts = replace(opts, run=replace(opts.run, example_feeds=feeds))
     run_feeds = feeds if feeds is not None else loaded.random_feeds()
-    with Session(loaded, backend=backend, threads=threads, executor=executor, options=opts) as session:
+    reduced = {} if precision == "fp32" and samples is None and tolerance is None else \
+        {"precision": precision, "samples": samples, "tolerance": tolerance}
+    with Session(loaded, backend=backend, threads=threads, executor=executor, options=opts, **reduced) as session:
         plan = session.compiled_plan(run_feeds)
         loaded.compiled = _section(plan, threads, output)
     save_model(loaded, output)

@@ -273,14 +273,19 @@ class CompiledPlan(Owned):
     def stage_plan(self, key: Hashable, build: Callable[[], Any]) -> Any:
         return self.stage_plans.get(key, build)
 
+    @property
+    def precision_record(self) -> dict[str, Any] | None:
+        """What this plan computes in, as decided (the compiled section's, auto's; None: not decided)."""
+        return getattr(self.section, "precision", None) or (
+            self.auto_choice.precision_record() if self.auto_choice is not None else None)
+
     def describe(self) -> str:
         text = self.plan.describe()
         if self.section is not None:
             from edgeinfer.runtime.aot import describe
 
             text += "\n" + "\n".join(describe(self.section))
-        record = getattr(self.section, "precision", None) or (
-            self.auto_choice.precision_record() if self.auto_choice is not None else None)
+        record = self.precision_record
         if record:
             from edgeinfer.runtime.precision import describe as precision_lines
 

@@ -99,7 +99,7 @@ class Session:
         self._closed = False
         self._example = self._checker.check(run.example_feeds) if run.example_feeds is not None else None
         given = opts.precision.samples  # what a reduced precision is checked on: real inputs only
-        self._settings.samples = [self._checker.check(s) for s in given] if given else \
+        self._settings.samples = [self._checker.check(s) for s in given] if given is not None else \
             None if self._example is None else [self._example]
         if section is not None:  # a compiled .eim: its stored plan, from its artifacts
             self._single = self._current = section_plan(model, self._settings)
@@ -181,6 +181,11 @@ class Session:
     @property
     def _runner(self):
         return self._now().runner
+
+    @property
+    def precision_record(self) -> dict | None:
+        """The precision decided for the plan used last (auto's, a compiled file's; None: not decided)."""
+        return self._now().precision_record
 
     @property
     def auto_choice(self):
