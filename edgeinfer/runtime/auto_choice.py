@@ -44,11 +44,10 @@ class AutoChoice:
     def describe(self) -> str:
         """The winner and why, then every candidate with its median (the native one marked) or
         why it was not timed."""
-        lines = [f"auto: {','.join(self.backends)}" + (" (cached)" if self.cached else "")
-                 + (f": {self.reason}" if self.reason else "")]
+        winner = self.label  # openvino[bf16],numpy for a reduced precision
+        lines = [f"auto: {winner}" + (" (cached)" if self.cached else "") + (f": {self.reason}" if self.reason else "")]
         if self.native_note:
             lines.append(f"  native engine: {self.native_note}")
-        winner = ",".join(self.backends)
         for label, ms in sorted(self.median_ms.items(), key=lambda item: item[1]):
             marks = [m for m, on in (("native engine, whole graph", label == self.native),
                                      ("chosen", label == winner)) if on]

@@ -100,6 +100,8 @@ class PrecisionOptions(_PrecisionFields):
     __slots__ = ()
 
     def __new__(cls, precision: str = "fp32", samples: Any = None, tolerance: Any = None) -> PrecisionOptions:
+        if precision == "fp32" and samples is None and tolerance is None:  # the default: nothing to check or import
+            return super().__new__(cls, precision, None, None)
         from edgeinfer.runtime.precision import check_precision, tolerance_of
 
         tolerance_of(tolerance)

@@ -95,31 +95,36 @@ class OutputError(NamedTuple):
 
 def output_errors(reference: Sequence[Mapping[str, Any]], outputs: Sequence[Mapping[str, Any]]) -> dict[str, OutputError]:
     """Per output, over all samples together: SQNR of ``outputs`` against ``reference`` and the
-    largest absolute error over the reference's range. Non-float outputs must match exactly
-    (any difference is -inf dB)."""
-    errors = {}
-    for name in reference[0]:
-        signal = noise = worst = 0.0
-        low, high = math.inf, -math.inf
-        for ref_run, got_run in zip(reference, outputs, strict=True):
-            ref = np.asarray(ref_run[name])
-            got = np.asarray(got_run[name])
-            if ref.shape != got.shape:
-                return {**errors, name: OutputError(-math.inf, math.inf)}
-            a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
-            if a.size == 0:
-                continue
-            diff = a - b
-            signal, noise = signal + float(a @ a), noise + float(diff @ diff)
-            worst = max(worst, float(np.max(np.abs(diff))))
-            low, high = min(low, float(a.min())), max(high, float(a.max()))
-        if not np.issubdtype(np.asarray(reference[0][name]).dtype, np.floating) and noise > 0:
-            errors[name] = OutputError(-math.inf, math.inf)
+    largest absolute error over the reference's range. Non-float outputs must match exactly, as
+    must the shapes and where the reference has NaN or inf (else -inf dB)."""
+    return {name: _output_error([run[name] for run in reference], [run[name] for run in outputs])
+            for name in reference[0]}
+
+
+def _output_error(reference: Sequence[Any], outputs: Sequence[Any]) -> OutputError:
+    signal = noise = worst = 0.0
+    low, high = math.inf, -math.inf
+    lost = OutputError(-math.inf, math.inf)
+    for ref, got in zip(reference, outputs, strict=True):
+        ref, got = np.asarray(ref), np.asarray(got)
+        if ref.shape != got.shape:
+            return lost
+        a, b = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        finite = np.isfinite(a)
+        if not (np.array_equal(finite, np.isfinite(b)) and np.array_equal(a[~finite], b[~finite], equal_nan=True)):
+            return lost  # NaN or inf where fp32 has none (fp16 ResNet-50 on OpenVINO: every class score NaN)
+        a, b = a[finite], b[finite]  # the same NaN and inf in both
+        if a.size == 0:
             continue
-        db = math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
-        span = high - low if high > low else max(abs(high), 1e-30)
-        errors[name] = OutputError(db, worst / span if worst else 0.0)
-    return errors
+        diff = a - b
+        signal, noise = signal + float(a @ a), noise + float(diff @ diff)
+        worst = max(worst, float(np.max(np.abs(diff))))
+        low, high = min(low, float(a.min())), max(high, float(a.max()))
+    if not np.issubdtype(np.asarray(reference[0]).dtype, np.floating) and noise > 0:
+        return lost
+    db = math.inf if noise == 0 else 10.0 * math.log10(max(signal, 1e-30) / noise)
+    span = high - low if high > low else max(abs(high), 1e-30)
+    return OutputError(db, worst / span if worst else 0.0)
 
 
 def failure(errors: Mapping[str, OutputError], tolerance: Tolerance) -> str | None:

@@ -85,6 +85,18 @@ def test_integer_outputs_must_match_and_shapes_must_agree():
     assert rules.output_errors([{"a": np.zeros(3)}], [{"a": np.zeros(4)}])["a"].sqnr_db == -math.inf
 
 
+def test_nan_where_fp32_has_none_fails_every_tolerance():
+    """An fp16 ResNet-50 on OpenVINO gave 1000 NaN class scores where fp32 gave 0.001 each."""
+    reference = [{"p": np.full(10, 1e-3, np.float32), "q": np.array([1.0, np.inf, np.nan], np.float32)}]
+    got = [{"p": np.full(10, np.nan, np.float32), "q": np.array([1.0, np.inf, np.nan], np.float32)}]
+    found = rules.output_errors(reference, got)
+    assert found["p"] == rules.OutputError(-math.inf, math.inf)
+    assert "'p'" in rules.failure(found, rules.Tolerance())
+    assert found["q"].sqnr_db == math.inf  # the same NaN and inf in both: nothing lost
+    flipped = rules.output_errors(reference, [{"p": reference[0]["p"], "q": np.array([1.0, -np.inf, np.nan])}])
+    assert flipped["q"].sqnr_db == -math.inf
+
+
 def test_failure_names_the_output_and_the_figure():
     tolerance = rules.Tolerance(sqnr_db=30, max_error=0.05)
     assert rules.failure({"a": rules.OutputError(40.0, 0.01)}, tolerance) is None
