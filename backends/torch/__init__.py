@@ -4,6 +4,8 @@
 
 - ``precision``: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"``: float32 weights and inputs
   compute in that type; float32 outputs are returned as float32;
+- ``fp32_nodes``: output names of nodes that compute in float32 under a reduced ``precision``
+  (their float inputs cast in, their weights kept float32): mixed precision;
 - ``cuda_graphs``: capture one CUDA graph per input shape signature and replay it (CUDA only;
   on another device a ``BackendError``); ``cuda_graph_cache``: signatures kept (default 8);
 - ``torch_compile``: ``True`` or a dict of ``torch.compile`` keyword arguments.
@@ -34,9 +36,13 @@ def reduced_precisions(native: Any) -> dict[str, Any]:
             "fp16": "torch on the CPU: fp16 is not offered (oneDNN's CPU half type is bf16; fp16 is for GPUs)"}
 
 
+keeps_fp32_nodes = True  # the engine option fp32_nodes: mixed precision (runtime.precision)
+
+
 def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_options: Any) -> TorchBackend:
     return TorchBackend(device=device, fallback=fallback, **engine_options)
 
 
 __all__ = ["ENGINE_OPTIONS", "LOWERINGS", "TorchBackend", "TorchExecutable", "accepts_device",
-           "available_devices", "create_backend", "lowering", "reduced_precisions", "resolve_device"]
+           "available_devices", "create_backend", "keeps_fp32_nodes", "lowering", "reduced_precisions",
+           "resolve_device"]

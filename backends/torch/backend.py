@@ -42,7 +42,7 @@ from edgeinfer.ir import Graph, Node
 from .compiler import NodeFailure, build_module, find_lowering
 from .tensors import NAMES, PRECISIONS, to_numpy, to_torch, torch_dtype
 
-ENGINE_OPTIONS = ("precision", "cuda_graphs", "cuda_graph_cache", "torch_compile")
+ENGINE_OPTIONS = ("precision", "fp32_nodes", "cuda_graphs", "cuda_graph_cache", "torch_compile")
 log = logging.getLogger("edgeinfer.backends.torch")
 _CUDA_INDEX = re.compile(r"cuda:(\d+)$")
 CONTAINER_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -164,6 +164,9 @@ def _check_engine_options(options: Mapping[str, Any]) -> dict[str, Any]:
     precision = options.get("precision", "fp32")
     if precision not in PRECISIONS:
         raise BackendError(f"torch backend: precision {precision!r}: expected one of {list(PRECISIONS)}")
+    kept = options.get("fp32_nodes", [])
+    if not isinstance(kept, (list, tuple)) or not all(isinstance(name, str) for name in kept):
+        raise BackendError(f"torch backend: fp32_nodes must be a list of node output names, got {kept!r}")
     compile_option = options.get("torch_compile", False)
     if not isinstance(compile_option, (bool, dict)):
         raise BackendError(f"torch backend: torch_compile must be True/False or a dict of torch.compile "
@@ -377,6 +380,7 @@ class TorchBackend(Backend):
             torch.set_num_threads(options.threads)  # process-wide, as torch's thread pool is
         if self.torch_device.type == "cuda" and engine.get("precision", "fp32") == "fp32":
             _warn_if_tf32()
-        built = build_module(graph, self.torch_device, PRECISIONS[engine.get("precision", "fp32")])
+        built = build_module(graph, self.torch_device, PRECISIONS[engine.get("precision", "fp32")],
+                             frozenset(engine.get("fp32_nodes", ())))
         module = built.module.to(self.torch_device).eval()
         return TorchExecutable(graph, module, self.torch_device, engine, built.placements)

@@ -98,11 +98,29 @@ def find_lowering(node: Node, graph: Graph) -> Lowering | None:
     return LOWERINGS.lookup(node.op_type, domain=node.domain, version=graph.opset.get(node.domain, 1))
 
 
+class Cast:
+    """A float value into another compute precision (a node kept fp32 beside reduced ones)."""
+
+    def __init__(self, dtype: torch.dtype, name: str):
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = "edgeinfer_graph"
+        self.dtype = dtype
+
+    def __call__(self, x):
+        return x.to(self.dtype)
+
+
 class _Builder:
-    def __init__(self, graph: Graph, device: torch.device, float_dtype: torch.dtype):
+    def __init__(self, graph: Graph, device: torch.device, float_dtype: torch.dtype,
+                 fp32_outputs: frozenset[str] = frozenset()):
         self.graph = graph
         self.device = device
         self.float_dtype = float_dtype
+        # mixed precision: the nodes writing these compute in float32 (their float inputs cast in,
+        # their weights kept float32), the others in ``float_dtype``
+        self.fp32_outputs = fp32_outputs if float_dtype != torch.float32 else frozenset()
+        self.value_dtype: dict[str, torch.dtype] = {}  # a device value's float precision, where not float_dtype
+        self.casts: dict[tuple[str, torch.dtype], fx.Node] = {}
         self.constants: dict[str, torch.Tensor] = {n: to_torch(a) for n, a in graph.initializers.items()}
         self.host: set[str] = set()
         self.fx = fx.Graph()
@@ -113,7 +131,7 @@ class _Builder:
         self.placements: dict[str, str] = {}
 
     def context(self, node: Node, on_host: bool) -> LoweringContext:
-        float_dtype = torch.float32 if on_host else self.float_dtype
+        float_dtype = torch.float32 if on_host else self.compute_dtype(node)
 
         def dtypes(names):
             found = []
@@ -157,17 +175,40 @@ class _Builder:
                 layout.append(self.const_slot(name, position, lowering))
             else:
                 layout.append(("arg", None))
-                args.append(self.input_node(name, on_host or position in lowering.static))
+                host_ok = on_host or position in lowering.static
+                arg = self.input_node(name, host_ok)
+                args.append(arg if on_host or not self.fp32_outputs else self.in_precision(name, arg, node, host_ok))
         op = self.node_op(node, lowering, on_host, layout, f"n{index}_{node.op_type}")
         call = self.fx.call_function(op, tuple(args))
         self.placements[node.label] = "host" if on_host else "device"
         outputs = [o for o in node.outputs]
+        if not on_host and self.compute_dtype(node) != self.float_dtype:
+            self.value_dtype.update((name, torch.float32) for name in outputs if name)
         if len(outputs) == 1:
             self.bind(outputs[0], call, on_host)
         else:
             for position, name in enumerate(outputs):
                 if name:
                     self.bind(name, self.fx.call_function(_item, (call, position)), on_host)
+
+    def compute_dtype(self, node: Node) -> torch.dtype:
+        """What the node's float32 values compute in: float32 for a node kept fp32."""
+        return torch.float32 if any(o in self.fp32_outputs for o in node.outputs if o) else self.float_dtype
+
+    def in_precision(self, name: str, arg: fx.Node, node: Node, host_ok: bool) -> fx.Node:
+        """``arg`` (the value ``name`` as ``input_node`` gave it) in ``node``'s compute precision."""
+        value = self.graph.values.get(name)
+        if value is None or torch_dtype(value.dtype) != torch.float32 or (host_ok and name in self.host):
+            return arg  # not a float32 value, or a host value (float32) where the lowering takes one
+        want = self.compute_dtype(node)
+        if name in self.constants:
+            return self.buffer(name, want)  # a kept node's weights stay float32, not rounded and widened
+        have = self.float_dtype if name in self.host else self.value_dtype.get(name, self.float_dtype)
+        if have == want:
+            return arg
+        if (name, want) not in self.casts:
+            self.casts[(name, want)] = self.fx.call_function(Cast(want, f"cast_{len(self.casts)}"), (arg,))
+        return self.casts[(name, want)]
 
     def bind(self, name: str, fx_node: fx.Node, on_host: bool) -> None:
         self.env[name] = fx_node
@@ -184,15 +225,18 @@ class _Builder:
             return self.on_device[name]
         return self.env[name]
 
-    def buffer(self, name: str) -> fx.Node:
-        if name not in self.buffers:
+    def buffer(self, name: str, dtype: torch.dtype | None = None) -> fx.Node:
+        """A constant as a module buffer, float32 in ``dtype`` (default: the compute precision)."""
+        dtype = self.float_dtype if dtype is None else dtype
+        key = name if dtype == self.float_dtype else f"{name}\0{dtype}"
+        if key not in self.buffers:
             tensor = self.constants[name]
             if tensor.dtype == torch.float32:
-                tensor = tensor.to(self.float_dtype)
+                tensor = tensor.to(dtype)
             target = f"c{len(self.buffers)}"
             self.root.register_buffer(target, tensor)
-            self.buffers[name] = self.fx.get_attr(target)
-        return self.buffers[name]
+            self.buffers[key] = self.fx.get_attr(target)
+        return self.buffers[key]
 
     def fold(self, node: Node, lowering: Lowering, inputs: list[str]) -> None:
         layout = [self.const_slot(n, p, lowering) if n else ("const", None) for p, n in enumerate(inputs)]
@@ -212,7 +256,7 @@ class _Builder:
         for index, (node, lowering) in enumerate(zip(self.graph.nodes, lowerings, strict=True)):
             self.add(index, node, lowering)
         outputs = tuple(self.input_node(name, True) if name not in self.constants else self.buffer(name)
-                        for name in self.graph.output_names)
+                        for name in self.graph.output_names)  # the executable casts each to its declared type
         self.fx.output(outputs)
         self.fx.lint()
         return Built(fx.GraphModule(self.root, self.fx, class_name="EdgeInferGraph"), self.placements)
@@ -222,8 +266,10 @@ def _item(result, index: int):
     return result[index]
 
 
-def build_module(graph: Graph, device: torch.device, float_dtype: torch.dtype) -> Built:
-    """The GraphModule computing ``graph`` (weights still on the CPU: the caller moves them)."""
+def build_module(graph: Graph, device: torch.device, float_dtype: torch.dtype,
+                 fp32_outputs: frozenset[str] = frozenset()) -> Built:
+    """The GraphModule computing ``graph`` (weights still on the CPU: the caller moves them);
+    the nodes writing ``fp32_outputs`` compute in float32 whatever ``float_dtype`` is."""
     lowerings = []
     for node in graph.nodes:
         found = find_lowering(node, graph)
@@ -231,7 +277,7 @@ def build_module(graph: Graph, device: torch.device, float_dtype: torch.dtype) -
             raise BackendError(f"torch backend has no lowering for {node.label}")
         lowerings.append(found)
     try:
-        return _Builder(graph, device, float_dtype).build(lowerings)
+        return _Builder(graph, device, float_dtype, fp32_outputs).build(lowerings)
     except EdgeInferError:
         raise
     except Exception as exc:

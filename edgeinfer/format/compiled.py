@@ -20,8 +20,8 @@ In the document, beside the graph::
                                "kept_fp32": [nodes], "not_offered": {configuration: why}}}
 
 ``precision``'s engine options are applied when the file is loaded, so only the options that set
-a precision are accepted (``PRECISION_OPTIONS``: OpenVINO's hint and f32 nodes, torch's compute
-type); a file carrying any other engine option is refused.
+a precision are accepted (``PRECISION_OPTIONS``: OpenVINO's hint, torch's compute type, and the
+nodes each keeps f32); a file carrying any other engine option is refused.
 
 Artifact bytes follow the tensors in the data section (offsets relative to it, 64-aligned).
 The digest is the SHA-256 of the document's metadata, tensor table and graph as canonical JSON:
@@ -50,7 +50,7 @@ _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine"
            "artifacts", "auto")
 _ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes", "sha256")
 _PRECISION_FIELDS = ("precision", "engine_options", "error", "kept_fp32", "not_offered")
-PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision",)}
+PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision", "fp32_nodes")}
 _ALIGNMENT = 64
 
 
