@@ -77,6 +77,9 @@ def screen(ready: dict[str, Any], candidates: Mapping[str, Candidate], samples: 
         ready.pop(label)[3].close()
         dropped[label] = f"outside the tolerance: {failed}"
         mixed = _mixed(candidates[label], graph, samples, baseline, tolerance, build, run_graph)
+        if isinstance(mixed, str):  # why no mixed form holds: the layers tried, the last figure
+            dropped[label] += f"; {mixed}"
+            continue
         if mixed is None:
             continue
         candidate, entry, found, named = mixed
@@ -88,7 +91,8 @@ def screen(ready: dict[str, Any], candidates: Mapping[str, Candidate], samples: 
 def _mixed(candidate: Candidate, graph: Any, samples: Sequence[Mapping[str, Any]], baseline: list[dict[str, Any]],
            tolerance: rules.Tolerance, build: Callable[[Candidate], Any], run_graph: Callable[[Any, Candidate], Any]):
     """The candidate with the noisiest layers (and what feeds them) kept fp32, one more each
-    round, until the outputs hold: (candidate, ready entry, errors, node names), or None."""
+    round, until the outputs hold: (candidate, ready entry, errors, node names); None where the
+    engine keeps no node fp32; else why no round held (the layers kept, the last figure)."""
     from edgeinfer.backend import backend_module
 
     engine = candidate.names[0]
@@ -106,9 +110,11 @@ def _mixed(candidate: Candidate, graph: Any, samples: Sequence[Mapping[str, Any]
     try:
         noisy = rules.noisiest_nodes(graph, observed)
     except Exception as exc:  # noqa: BLE001 - no mixed form when the observed graph cannot run
-        progress.info("%s: no per-layer noise (%s)", candidate.label, str(exc).splitlines()[0][:200])
-        return None
+        why = str(exc).splitlines()[0][:200]
+        progress.info("%s: no per-layer noise (%s)", candidate.label, why)
+        return f"no mixed form: the per-layer noise could not be measured ({why})"
     kept: list[str] = []
+    last = "no layer adds noise"
     for output, _ in noisy[:rules.MIXED_ROUNDS]:
         if output in kept:
             continue
@@ -118,8 +124,9 @@ def _mixed(candidate: Candidate, graph: Any, samples: Sequence[Mapping[str, Any]
         try:
             entry = build(mixed)
         except Exception as exc:  # noqa: BLE001 - a mixed form that does not compile ends the search
-            progress.info("%s: %s", mixed.label, str(exc).splitlines()[0][:200])
-            return None
+            why = str(exc).splitlines()[0][:200]
+            progress.info("%s: %s", mixed.label, why)
+            return f"no mixed form: {mixed.label} did not compile ({why})"
         found = rules.output_errors(baseline, _outputs(entry[3], samples))
         failed = rules.failure(found, tolerance)
         named = rules.node_names(graph, kept)
@@ -128,4 +135,5 @@ def _mixed(candidate: Candidate, graph: Any, samples: Sequence[Mapping[str, Any]
         if failed is None:
             return mixed, entry, found, named
         entry[3].close()
-    return None
+        last = f"mixed with fp32 {', '.join(named)}: still {failed}"
+    return last

@@ -84,11 +84,21 @@ class OutputError(NamedTuple):
     sqnr_db: float
     max_error: float  # largest |error| over the output's fp32 range
 
+    @property
+    def lost(self) -> bool:
+        """A shape, NaN or inf where fp32 has none, or an integer output changed: no figure."""
+        return self.sqnr_db == -math.inf
+
     def as_json(self) -> dict[str, float | None]:
+        """JSON holds no infinities: an exact output has ``sqnr_db`` None, a lost one both None."""
+        if self.lost:
+            return {"sqnr_db": None, "max_error": None}
         return {"sqnr_db": None if math.isinf(self.sqnr_db) else round(self.sqnr_db, 2),
                 "max_error": round(self.max_error, 6)}
 
     def __str__(self) -> str:
+        if self.lost:
+            return "lost (NaN or inf where fp32 has none, another shape, or integers changed)"
         db = "exact" if math.isinf(self.sqnr_db) else f"{self.sqnr_db:.1f} dB"
         return f"{db}, max error {self.max_error:.2%} of range"
 
@@ -130,6 +140,8 @@ def _output_error(reference: Sequence[Any], outputs: Sequence[Any]) -> OutputErr
 def failure(errors: Mapping[str, OutputError], tolerance: Tolerance) -> str | None:
     """The first output outside ``tolerance``, with its figure (None: every output holds)."""
     for name, error in errors.items():
+        if error.lost:
+            return f"output {name!r}: {error}"
         if error.sqnr_db < tolerance.sqnr_db:
             return f"output {name!r}: {error.sqnr_db:.1f} dB SQNR vs fp32 < {tolerance.sqnr_db:g} dB"
         if error.max_error > tolerance.max_error:
@@ -263,5 +275,7 @@ def describe(record: Mapping[str, Any] | None) -> list[str]:
 
 
 def _figures_text(error: Mapping[str, Any]) -> str:
-    db = error.get("sqnr_db")
-    return str(OutputError(math.inf if db is None else float(db), float(error.get("max_error", 0.0))))
+    db, most = error.get("sqnr_db"), error.get("max_error", 0.0)
+    if most is None:
+        return str(OutputError(-math.inf, math.inf))
+    return str(OutputError(math.inf if db is None else float(db), float(most)))

@@ -100,7 +100,7 @@ def _fake_timing(monkeypatch, seconds: dict[str, float]) -> list[tuple[str, ...]
         return {label: [seconds[label]] * max(calls, 1) for label in runs}
 
     monkeypatch.setattr(measure, "time_engines", fake)  # the timing loop auto races through
-    monkeypatch.setattr(measure, "probe", lambda runs: {label: seconds[label] for label in runs})  # its first call
+    monkeypatch.setattr(measure, "probe", lambda runs, factor=None: {label: seconds[label] for label in runs})  # its first call
     return rounds
 
 

@@ -91,7 +91,9 @@ def test_nan_where_fp32_has_none_fails_every_tolerance():
     got = [{"p": np.full(10, np.nan, np.float32), "q": np.array([1.0, np.inf, np.nan], np.float32)}]
     found = rules.output_errors(reference, got)
     assert found["p"] == rules.OutputError(-math.inf, math.inf)
-    assert "'p'" in rules.failure(found, rules.Tolerance())
+    assert "'p'" in rules.failure(found, rules.Tolerance()) and "lost (NaN" in rules.failure(found, rules.Tolerance())
+    assert found["p"].as_json() == {"sqnr_db": None, "max_error": None}
+    assert rules._figures_text(found["p"].as_json()).startswith("lost")
     assert found["q"].sqnr_db == math.inf  # the same NaN and inf in both: nothing lost
     flipped = rules.output_errors(reference, [{"p": reference[0]["p"], "q": np.array([1.0, -np.inf, np.nan])}])
     assert flipped["q"].sqnr_db == -math.inf
@@ -303,3 +305,34 @@ def test_cli_run_reports_the_precision(tmp_path, monkeypatch):
     np.savez(bad, z=np.zeros(3))
     result = _invoke("run", path, "--random-inputs", "--precision", "auto", "--sample", bad, "--repeat", 1)
     assert result.exit_code == 2 and "expected every input of the model (x), found z" in result.output
+
+
+# -- torch: nodes kept fp32 ------------------------------------------------------------------------
+
+@pytest.mark.skipif(not _has("torch"), reason="torch is not installed")
+def test_torch_computes_the_named_nodes_in_fp32():
+    """torch's bf16 (computed, or emulated where the CPU has no units: the same numbers) loses the
+    outlier model's cancellation; with the nodes from mm1 to the output kept fp32 it holds."""
+    model, samples = _outlier_model(), _samples(2)
+    reference = _reference(model, samples)
+    kept = rules.feeding_chain(model.graph, model.graph.outputs[0].name)
+    with ei.Session(model, backend="torch", precision="bf16") as plain, \
+            ei.Session(model, backend="torch", precision="bf16", fp32_nodes=kept) as mixed:
+        lost = rules.output_errors(reference, [plain.run(s) for s in samples])
+        held = rules.output_errors(reference, [mixed.run(s) for s in samples])
+    assert lost["y"].sqnr_db < 10
+    assert rules.failure(held, rules.Tolerance()) is None and held["y"].sqnr_db > 40
+    with pytest.raises(BackendError, match="fp32_nodes must be a list"):
+        ei.Session(model, backend="torch", precision="bf16", fp32_nodes="mm1")
+
+
+@pytest.mark.skipif(not (_has("torch") and rules.native_precisions()["bf16"] is None),
+                    reason="torch is not installed or this CPU has no native bf16")
+def test_auto_finds_torchs_mixed_form():
+    model, samples = _outlier_model(), _samples(3)
+    with ei.Session(model, backend="torch", precision="auto", samples=samples,
+                    options=AutoOptions(cache=False)) as session:
+        choice = session.auto_choice
+        kept = choice.kept_fp32.get("torch[bf16 mixed],numpy")
+        assert kept is not None and any(name.startswith("mm2") for name in kept)
+        assert "outside the tolerance" in choice.skipped["torch[bf16],numpy"]
