@@ -36,6 +36,21 @@ def reduced_precisions(native: Any) -> dict[str, Any]:
             "fp16": "torch on the CPU: fp16 is not offered (oneDNN's CPU half type is bf16; fp16 is for GPUs)"}
 
 
+def device_precisions(where: str) -> dict[str, Any]:
+    """``precision="auto"``'s configurations of torch on an accelerator (``cuda:0``, ``mps``):
+    fp16 on CUDA and MPS (their half-precision units), bf16 where CUDA reports it native
+    (compute capability 8.0 and later); per precision the engine options, or why not."""
+    import torch
+
+    if where.startswith("cuda"):
+        bf16 = {"precision": "bf16"} if torch.cuda.is_bf16_supported(including_emulation=False) else \
+            f"torch on {where}: this GPU has no native bf16 (compute capability 8.0 or later)"
+        return {"fp16": {"precision": "fp16"}, "bf16": bf16}
+    if where.startswith("mps"):
+        return {"fp16": {"precision": "fp16"}, "bf16": f"torch on {where}: bf16 is not offered on MPS"}
+    return {p: f"torch on {where}: no reduced precision offered" for p in ("bf16", "fp16")}
+
+
 keeps_fp32_nodes = True  # the engine option fp32_nodes: mixed precision (runtime.precision)
 
 
@@ -44,5 +59,5 @@ def create_backend(*, device: str = "cpu", fallback: bool = False, **engine_opti
 
 
 __all__ = ["ENGINE_OPTIONS", "LOWERINGS", "TorchBackend", "TorchExecutable", "accepts_device",
-           "available_devices", "create_backend", "keeps_fp32_nodes", "lowering", "reduced_precisions",
+           "available_devices", "create_backend", "device_precisions", "keeps_fp32_nodes", "lowering", "reduced_precisions",
            "resolve_device"]

@@ -33,9 +33,9 @@ def reduced_candidates(lists: Sequence[Sequence[str]], precision: str) -> tuple[
     """The reduced-precision candidates of the engines in ``lists`` (each alone, with numpy for
     what it cannot run), and why the others are not offered."""
     wanted = rules.REDUCED if precision == "auto" else (precision,)
-    engines = [name for names in lists for name in names if "@" not in name]
+    engines = [name for names in lists for name in names]
     found, refused = rules.offers(engines, wanted)
-    return [Candidate([o.backend, "numpy"], {o.backend: o.options}, o.precision) for o in found], refused
+    return [Candidate([o.backend, "numpy"], {o.engine: o.options}, o.precision) for o in found], refused
 
 
 class Screened(NamedTuple):
@@ -95,7 +95,7 @@ def _mixed(candidate: Candidate, graph: Any, samples: Sequence[Mapping[str, Any]
     engine keeps no node fp32; else why no round held (the layers kept, the last figure)."""
     from edgeinfer.backend import backend_module
 
-    engine = candidate.names[0]
+    engine = candidate.names[0].partition("@")[0]  # its options' key ("torch" for "torch@cuda:0")
     if not getattr(backend_module(engine), "keeps_fp32_nodes", False):
         return None
     fp32 = Candidate(candidate.names, {}, "fp32")

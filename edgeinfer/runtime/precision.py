@@ -161,9 +161,14 @@ def worst(errors: Mapping[str, OutputError]) -> str:
 class Offer(NamedTuple):
     """A reduced-precision configuration of an engine, as its engine options."""
 
-    backend: str
+    backend: str  # as the candidate names it: "openvino", "torch@cuda:0"
     precision: str
     options: dict[str, Any]
+
+    @property
+    def engine(self) -> str:
+        """The backend its engine options are keyed by ("torch" for "torch@cuda:0")."""
+        return self.backend.partition("@")[0]
 
 
 def native_precisions(flags: set[str] | None = None, architecture: str | None = None) -> dict[str, str | None]:
@@ -191,13 +196,20 @@ def offers(backends: Sequence[str], wanted: Sequence[str], native: Mapping[str, 
     found: list[Offer] = []
     refused: dict[str, str] = {}
     for name in dict.fromkeys(backends):
-        if name == "numpy":
+        base, _, where = name.partition("@")  # torch@cuda:0: the engine on an accelerator
+        if base == "numpy" or where == "cpu":  # an engine pinned to the CPU is offered as itself
             continue
-        hook = getattr(backend_module(name), "reduced_precisions", None)
-        said = hook(native) if hook is not None else _NOT_OFFERED.get(name, {})
+        module = backend_module(base)
+        if where:  # the accelerator's own units decide, not the CPU's
+            hook = getattr(module, "device_precisions", None)
+            said = hook(where) if hook is not None else {
+                p: f"{base} on {where} has no {p} configuration in edgeinfer" for p in wanted}
+        else:
+            hook = getattr(module, "reduced_precisions", None)
+            said = hook(native) if hook is not None else _NOT_OFFERED.get(name, {})
         for precision in wanted:
             label = f"{name}[{precision}]"
-            if native.get(precision) is not None:
+            if not where and native.get(precision) is not None:
                 refused[label] = f"not offered: {native[precision]}"
             elif precision not in said:
                 refused[label] = f"not offered: {name} has no {precision} configuration in edgeinfer"

@@ -138,6 +138,25 @@ def test_emulated_configurations_are_never_offered():
     assert all(why.startswith("not offered: ") for why in refused.values())
 
 
+@pytest.mark.skipif(not _has("torch"), reason="torch is not installed")
+@pytest.mark.parametrize("bf16_native", [True, False])
+def test_an_accelerator_is_offered_by_its_own_units(monkeypatch, bf16_native):
+    """torch on a GPU: fp16 whatever the CPU has, bf16 where the GPU computes it (no GPU here:
+    torch's answer is replaced); the candidate keys its options by the engine, names the device."""
+    import torch
+
+    from edgeinfer.runtime.auto_precision import reduced_candidates
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16_native)
+    monkeypatch.setenv("EDGEINFER_CPU_FLAGS_OFF", NO_REDUCED)  # the CPU's units do not matter
+    candidates, refused = reduced_candidates([["torch@cuda:0", "onnxruntime@cpu", "numpy"]], "auto")
+    labels = {c.label: c for c in candidates}
+    assert labels["torch@cuda:0[fp16],numpy"].overrides == {"torch": {"precision": "fp16"}}
+    assert ("torch@cuda:0[bf16],numpy" in labels) == bf16_native
+    assert bf16_native or "no native bf16" in refused["torch@cuda:0[bf16]"]
+    assert not any("onnxruntime" in label for label in (*labels, *refused))  # pinned to the CPU: offered as itself
+
+
 def test_cpu_flags_off_hides_bf16(monkeypatch):
     monkeypatch.setenv("EDGEINFER_CPU_FLAGS_OFF", NO_REDUCED)
     assert all(why is not None for why in rules.native_precisions().values())
