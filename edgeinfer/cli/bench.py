@@ -93,7 +93,9 @@ class LatencyReport:
     # fallbacks and the runtime's re-partitions, e.g. every node on numpy after a failed compile)
     elsewhere: dict[str, int] = field(default_factory=dict)
     nodes: int = 0
-    precision: str = "fp32"  # what the contender computes in (its plan's decision, or as asked)
+    # what the contender computes in (its plan's decision, or as asked); not "precision": a
+    # caller's row keeps its own (bench_zoo's fp32 / int8 model)
+    compute_precision: str = "fp32"
     # where not fp32: per output, SQNR and max error over range against an fp32 run of the same feeds
     precision_error: dict[str, dict[str, float | None]] | None = None
 
@@ -282,6 +284,7 @@ def _precision_errors(reports: Sequence[LatencyReport], contenders: Sequence[_Co
     """Each edgeinfer contender's precision; for those not fp32, their outputs against an fp32
     run of the same feeds (onnxruntime where installed, else numpy), untimed."""
     from edgeinfer.backend import available_backends
+    from edgeinfer.cli.precision import computed_precision
     from edgeinfer.runtime.precision import output_errors
     from edgeinfer.runtime.session import Session
 
@@ -289,9 +292,8 @@ def _precision_errors(reports: Sequence[LatencyReport], contenders: Sequence[_Co
     for report in reports:
         session = sessions.get(report.backend)
         if session is not None:
-            record = session.precision_record
-            report.precision = record["precision"] if record else session.options.precision.precision
-    reduced = [r for r in reports if r.precision != "fp32"]
+            report.compute_precision = computed_precision(session)
+    reduced = [r for r in reports if r.compute_precision != "fp32"]
     if not reduced:
         return
     engine = "onnxruntime" if "onnxruntime" in available_backends() else "numpy"

@@ -91,6 +91,20 @@ def _sample(model: Any, spec: str, load_one: Callable[[str], dict[str, Any]]) ->
     return found
 
 
+_ENGINE_WORDS = {"bf16": "bf16", "f16": "fp16", "fp16": "fp16"}  # engines' own precision option values
+
+
+def computed_precision(session: Any) -> str:
+    """What the session computes in: its plan's decision (auto's, a compiled file's), else a
+    named engine's own precision option (``precision="bf16"`` on one engine), else fp32."""
+    record = session.precision_record
+    if record is not None:
+        return str(record["precision"])
+    words = {_ENGINE_WORDS[str(options.get("precision"))] for options in (session.backend_options or {}).values()
+             if str(options.get("precision")) in _ENGINE_WORDS}
+    return ",".join(sorted(words)) or "fp32"
+
+
 def precision_lines(session: Any) -> list[str]:
     """What the session computes in, for ``run`` and ``bench``: the plan's decision (auto's, a
     compiled file's) or what was asked of a named engine, unchecked."""
@@ -99,6 +113,6 @@ def precision_lines(session: Any) -> list[str]:
     record = session.precision_record
     if record is not None:
         return describe(record)
-    asked = session.options.precision.precision
+    asked = computed_precision(session)
     return [] if asked == "fp32" else [f"precision: {asked} on {session.backend_name}, as asked (not checked "
                                        f"against fp32: --precision auto checks)"]

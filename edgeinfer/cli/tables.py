@@ -63,7 +63,7 @@ def _latency_table(reports: Sequence[LatencyReport], failed: Mapping[str, str] |
         table.add_column(name, justify="right", no_wrap=True)
     if integer:
         table.add_column("int8 path", justify="left")
-    reduced = not compact and any(r.precision != "fp32" for r in reports)  # compact: precision_lines()
+    reduced = not compact and any(r.compute_precision != "fp32" for r in reports)  # compact: precision_lines()
     if reduced:
         table.add_column("precision", justify="left")
     cells = {**COLUMNS, "RSS MiB": COLUMNS["peak RSS MiB"]}
@@ -97,18 +97,18 @@ def integer_lines(reports: Sequence[LatencyReport], table: Table) -> list[str]:
 def precision_cell(report: LatencyReport) -> str:
     """The precision and, where not fp32, the worst output's SQNR against fp32."""
     errors = report.precision_error or {}
-    if report.precision == "fp32" or not errors:
-        return report.precision
+    if report.compute_precision == "fp32" or not errors:
+        return report.compute_precision
     worst = min(errors.values(), key=lambda e: float("inf") if e["sqnr_db"] is None else e["sqnr_db"])
     db = "exact" if worst["sqnr_db"] is None else f"{worst['sqnr_db']:.1f} dB"
-    return f"{report.precision} ({db}, max {worst['max_error']:.2%})"
+    return f"{report.compute_precision} ({db}, max {worst['max_error']:.2%})"
 
 
 def precision_lines(reports: Sequence[LatencyReport], table: Table) -> list[str]:
     """The precision of each contender not in fp32, for a table without that column."""
     if any(column.header == "precision" for column in table.columns):
         return []
-    return [f"{r.label}: precision {precision_cell(r)} vs fp32" for r in reports if r.precision != "fp32"]
+    return [f"{r.label}: precision {precision_cell(r)} vs fp32" for r in reports if r.compute_precision != "fp32"]
 
 
 def failure_lines(failed: Mapping[str, str], reports: Sequence[LatencyReport] = ()) -> list[str]:

@@ -114,10 +114,13 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
     feeds = dict(feeds)
     entries = [Candidate(names) for names in _native_first(lists, native)]
     reduced, notes = ([], {}) if precision == "fp32" else reduced_candidates(lists, precision)
-    if reduced and not samples:
+    if reduced and not samples and precision == "auto":
         notes.update({c.label: "not offered: no samples: a reduced precision is checked on real inputs (samples= "
                       "or example_feeds), not on random data" for c in reduced})
         reduced = []
+    elif reduced and not samples:  # bf16 / fp16 as asked, with nothing to check them on
+        log.warning("precision=%r: no samples to check it against fp32 on (samples=): used unchecked", precision)
+        notes.update({c.label: "not checked against fp32: no samples" for c in reduced})
     if precision in ("bf16", "fp16") and not reduced:
         raise EdgeInferError(f"precision={precision!r}: no engine among the candidates offers it here: {notes}")
     ready, skipped, native_label, native_note = _compile_candidates(
@@ -127,7 +130,7 @@ def measure(model: Model, lists: list[list[str]], feeds: Mapping[str, Any], *, t
         raise EdgeInferError(f"backend='auto': no candidate could run the model: {skipped}")
     screened = _screen(model, ready, {c.label: c for c in entries + reduced}, feeds, samples, tolerance,
                        precision=precision, native_label=native_label, threads=threads, device=device,
-                       fallback=fallback, options=options) if reduced else None
+                       fallback=fallback, options=options) if reduced and samples else None
     if precision in ("bf16", "fp16"):  # the fp32 candidates were the reference only
         native_label = None
         for label in [lb for lb in ready if lb in {c.label for c in entries}]:

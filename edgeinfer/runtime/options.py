@@ -185,7 +185,8 @@ def precision_keywords(options: Options, keywords: dict[str, Any], backend: Any)
         return options, keywords
     word = given.get("precision")
     single = isinstance(backend, str) and backend != "auto"
-    if single and word not in ("auto", None) and not {"samples", "tolerance"} & set(given):
+    checked = bool(given.get("samples")) or given.get("tolerance") is not None  # a check asked for: auto's path
+    if single and word not in ("auto", None) and not checked:
         if backend in _PRECISION_ENGINES:
             keywords["precision"] = _ENGINE_PRECISION.get(backend, {}).get(word, word)  # the engine checks it
         elif word != "fp32":

@@ -355,3 +355,30 @@ def test_auto_finds_torchs_mixed_form():
         kept = choice.kept_fp32.get("torch[bf16 mixed],numpy")
         assert kept is not None and any(name.startswith("mm2") for name in kept)
         assert "outside the tolerance" in choice.skipped["torch[bf16],numpy"]
+
+
+@pytest.mark.skipif(not _has("openvino"), reason="OpenVINO is not installed")
+def test_cli_bench_reports_each_contenders_precision_and_error(tmp_path):
+    import json
+
+    path = tmp_path / "m.eim"
+    model = _outlier_model()
+    model.save(path)
+    result = _invoke("bench", path, "--backend", "numpy,openvino", "--precision", "bf16", "--runs", 2, "--warmup", 0,
+                     "--top", 0, "--json", "-")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    [report] = document["latency"]  # numpy computes fp32 only: it failed, saying so
+    assert "computes in fp32 only" in document["failed"]["numpy"]
+    assert report["compute_precision"] == "bf16" and set(report["precision_error"]) == {"y"}
+
+
+@pytest.mark.skipif(not _bf16_offered(), reason="this CPU (or OpenVINO) has no native bf16")
+def test_a_fixed_precision_without_samples_runs_unchecked_and_says_so(caplog):
+    model = _outlier_model(bias=0.0)
+    with caplog.at_level("WARNING"), ei.Session(model, backend="auto", precision="bf16",
+                                                options=AutoOptions(cache=False)) as session:
+        choice = session.auto_choice
+        assert choice.precision == "bf16" and not choice.errors
+        assert choice.precision_notes[choice.label] == "not checked against fp32: no samples"
+    assert "used unchecked" in caplog.text
