@@ -11,6 +11,8 @@ In the document, beside the graph::
                  "engines": {"onnxruntime": "1.32.0"},      the engine versions
                  "digest": "<sha256>",                      of the IR it was compiled from
                  "ir_sha256": "<sha256>",                   of that IR as stored (version 3.4)
+                 "io": {"name", "inputs": [values],          the graph's name, inputs, outputs and
+                        "outputs": [values], "nodes": N},     node count (version 3.5)
                  "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
                             "inputs": [values], "outputs": [values]}],
                  "artifacts": [{"kind", "facts", "offset", "nbytes", "sha256"}],
@@ -28,27 +30,31 @@ The digest is the SHA-256 of the document's metadata, tensor table and graph as 
 a section whose digest is not its document's is never used. Since version 3.4 the section also holds
 ``"ir_sha256"``, the SHA-256 of those three as ``save_model`` stores them (``core_sha256``): a reader
 hashes the stored bytes rather than encoding the parsed document again (``bound_to_ir``), and checks
-``digest`` only where the file is stored otherwise. The reader checks every field's
+``digest`` only where the file is stored otherwise. Since version 3.5 the section also copies
+what a device needs of the graph (``"io"``: its name, inputs, outputs and node count), so that a
+file run from its artifacts is read without parsing the graph, its tensor table or its nodes
+(``format.lean``: the IR's stored bytes are hashed, not parsed); a full load checks the copy
+against the graph itself. The reader checks every field's
 type and every artifact's bounds here; an artifact's own SHA-256 is checked when it is used
 (``CompiledSection.artifact``), so loading a file for its IR reads no artifact byte.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import ModelFormatError
-from edgeinfer.format.document import DocumentReader, Finding
+from edgeinfer.format.document import DocumentReader, Finding, sha256
 from edgeinfer.format.document import _value_doc as value_doc
 
 SECTION_VERSION = 1
 _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine", "engines", "digest", "parts",
            "artifacts", "auto")
 _ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes", "sha256")
+_IO_FIELDS = ("name", "inputs", "outputs", "nodes")
 _PRECISION_FIELDS = ("precision", "engine_options", "error", "kept_fp32", "not_offered")
 PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision", "fp32_nodes")}
 _ALIGNMENT = 64
@@ -77,13 +83,13 @@ class StoredArtifact:
     def found_sha256(self) -> str:
         """The SHA-256 of its bytes as read."""
         self._ready()
-        return self._found or hashlib.sha256(self._data).hexdigest()
+        return self._found or sha256(self._data).hexdigest()
 
     def _load(self) -> None:
         """Read its bytes and their SHA-256 (on ``read_ahead``'s thread, or where first asked)."""
         try:
             data = self._read() if self._read is not None else self._data
-            self._found = hashlib.sha256(data).hexdigest()
+            self._found = sha256(data).hexdigest()
             self._data, self._read = data, None
         except Exception as exc:  # noqa: BLE001 - said by whoever asks for the bytes
             self._error = exc
@@ -137,6 +143,7 @@ class CompiledSection:
         self.precision = precision  # the precision decided, where not fp32 (see the module docstring)
         self.said: set[str] = set()  # why its artifacts went unused, each said once
         self.ir_sha256: str | None = None  # the stored IR's SHA-256 (version 3.4: ``core_sha256``)
+        self.io: dict[str, Any] | None = None  # the graph's name, inputs, outputs, node count (version 3.5)
 
     def __repr__(self) -> str:
         return (f"CompiledSection(backends={self.backends}, executor={self.executor!r}, threads={self.threads}, "
@@ -161,14 +168,14 @@ def ir_digest(document: dict[str, Any]) -> str:
     """SHA-256 of the document's metadata, tensor table and graph (canonical JSON)."""
     core = {key: document[key] for key in ("metadata", "tensors", "graph")}
     text = json.dumps(core, ensure_ascii=True, allow_nan=False, separators=(",", ":"), sort_keys=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return sha256(text.encode("ascii")).hexdigest()
 
 
 def core_sha256(document: dict[str, Any]) -> str:
     """SHA-256 of the document's metadata, tensor table and graph as ``save_model`` stores them
     (compact JSON in document order): the section's ``ir_sha256`` (version 3.4)."""
     core = {key: document[key] for key in ("metadata", "tensors", "graph")}
-    return hashlib.sha256(_compact(core)).hexdigest()
+    return sha256(_compact(core)).hexdigest()
 
 
 def bound_to_ir(section: CompiledSection, text: bytes, keys: list[str], document: dict[str, Any],
@@ -195,7 +202,7 @@ def _stored_core_sha256(text: bytes, keys: list[str], compiled: Any, version: An
     if keys != ["format", "version", "metadata", "tensors", "graph", "compiled"] or \
             len(text) < len(head) + len(tail) or not text.startswith(head) or not text.endswith(tail):
         return None
-    digest = hashlib.sha256(b"{")
+    digest = sha256(b"{")
     digest.update(memoryview(text)[len(head):len(text) - len(tail)])
     digest.update(b"}")
     return digest.hexdigest()
@@ -234,7 +241,7 @@ def read_section(obj: Any, reader: DocumentReader, data_at: Callable[[int, int],
     """The compiled section of a document, every field checked (``nodes``: the graph's node count;
     ``data_at(start, nbytes)``: the file's bytes there, read when an artifact's are first asked)."""
     where = "document.compiled"
-    optional = tuple(name for name in ("precision", "ir_sha256") if isinstance(obj, dict) and name in obj)
+    optional = tuple(name for name in ("precision", "ir_sha256", "io") if isinstance(obj, dict) and name in obj)
     obj = reader.fields(obj, where, (*_FIELDS, *optional))
     if obj["version"] != SECTION_VERSION:
         raise reader.fail(f"{where}.version", str(SECTION_VERSION), obj["version"])
@@ -272,7 +279,47 @@ def read_section(obj: Any, reader: DocumentReader, data_at: Callable[[int, int],
                               auto, reader.source, _precision(obj.get("precision"), reader, f"{where}.precision"))
     if "ir_sha256" in obj:
         section.ir_sha256 = reader.string(obj["ir_sha256"], f"{where}.ir_sha256", non_empty=True)
+    if "io" in obj:
+        section.io = graph_io(obj["io"], reader, nodes)
     return section
+
+
+def io_nodes(section: Any, reader: DocumentReader) -> int | None:
+    """The node count a stored section's ``io`` records (version 3.5), checked; None without one."""
+    if not isinstance(section, dict) or "io" not in section:
+        return None
+    where = "document.compiled.io"
+    return reader.integer(reader.fields(section["io"], where, _IO_FIELDS)["nodes"], f"{where}.nodes")
+
+
+def _described(values: list[Any]) -> list[tuple]:
+    return [(v.name, v.dtype, v.shape) for v in values]
+
+
+def graph_io(obj: Any, reader: DocumentReader, nodes: int) -> dict[str, Any]:
+    """The section's copy of the graph's name, inputs, outputs and node count, checked."""
+    where = "document.compiled.io"
+    obj = reader.fields(obj, where, _IO_FIELDS)
+    if reader.integer(obj["nodes"], f"{where}.nodes") != nodes:
+        raise reader.fail(f"{where}.nodes", f"the graph's node count ({nodes})", obj["nodes"])
+    return {"name": reader.name(obj["name"], f"{where}.name"), "inputs": reader.values(obj["inputs"], f"{where}.inputs"),
+            "outputs": reader.values(obj["outputs"], f"{where}.outputs"), "nodes": nodes}
+
+
+def io_document(graph: dict[str, Any]) -> dict[str, Any]:
+    """``io`` for the graph document ``graph`` (as ``save_model`` stores it)."""
+    return {"name": graph["name"], "inputs": graph["inputs"], "outputs": graph["outputs"], "nodes": len(graph["nodes"])}
+
+
+def check_io(section: CompiledSection, name: str, inputs: list[Any], outputs: list[Any], source: str) -> None:
+    """A full read: the section's copy of the graph's name, inputs and outputs must be the graph's."""
+    if section.io is None:
+        return
+    stored = (section.io["name"], _described(section.io["inputs"]), _described(section.io["outputs"]))
+    found = (name, _described(inputs), _described(outputs))
+    if stored != found:
+        raise ModelFormatError(f"{source}: document.compiled.io: expected the graph's name, inputs and outputs "
+                               f"{found}, found {stored}")
 
 
 def _precision(obj: Any, reader: DocumentReader, where: str) -> dict[str, Any] | None:

@@ -25,9 +25,6 @@ unknown tag, every tensor reference resolvable, nesting bounded. Every problem r
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,6 +45,11 @@ from edgeinfer.ir.weights import (
 )
 
 TAG = "t"
+try:  # OpenSSL's SHA-256 alone: ``hashlib`` also sets up every other algorithm (0.9 ms of a cold start)
+    from _hashlib import openssl_sha256 as sha256
+except ImportError:  # another Python implementation
+    from hashlib import sha256  # noqa: F401 - the same function where there is no ``_hashlib``
+
 MAX_NESTING = limits.MAX_DOCUMENT_NESTING  # subgraphs inside subgraphs and lists inside lists, together
 MAX_DIM = 2**63 - 1  # a dim must fit ONNX's int64 dim_value
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -133,6 +135,8 @@ def _raw_bytes(array: np.ndarray) -> np.ndarray:
 
 
 def _digest(raw: np.ndarray) -> bytes:
+    import hashlib  # the writer's: a device's load imports OpenSSL's SHA-256 alone (``sha256``)
+
     return hashlib.blake2b(raw, digest_size=32).digest()
 
 
@@ -265,6 +269,8 @@ def encode_attr(value: Any, table: TensorTable, where: str, depth: int = 0) -> A
     if isinstance(value, (bool, str)):  # before int: bool is an int; also numpy's str_
         return str(value) if isinstance(value, str) else value
     if isinstance(value, bytes):
+        import base64
+
         return {TAG: "bytes", "b64": base64.b64encode(value).decode("ascii")}
     if isinstance(value, np.ndarray):
         return {TAG: "tensor", "ref": table.ref(value, where)}
@@ -487,8 +493,10 @@ class DocumentReader:
         if not isinstance(text, str):
             raise self.fail(where, "base64 text", text)
         try:
+            import base64  # not imported by a load whose document holds no bytes
+
             return base64.b64decode(text.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError, ValueError):
+        except (UnicodeEncodeError, ValueError):  # binascii.Error is a ValueError
             raise self.fail(where, "base64 text", text) from None
 
     def _type_attr(self, obj: dict, where: str, depth: int) -> TypeSpec:

@@ -47,10 +47,13 @@ refuses a narrow entry with a typed error (its byte count).
 
 Version 3.3 (written by ``edgeinfer compile``) adds the compiled section (``compiled.py``): the plan
 and each part's engine artifact, bound to the IR by ``digest`` (the canonical JSON of the
-metadata, tensor table and graph, encoded again by a reader). Version 3.4 (written instead now) also
-records ``ir_sha256``, the SHA-256 of those three as this writer stores them, which a reader checks
+metadata, tensor table and graph, encoded again by a reader). Version 3.4 also records
+``ir_sha256``, the SHA-256 of those three as this writer stores them, which a reader checks
 against the stored bytes themselves (a compiled model's cold start: 2.6 ms of re-encoding
 ``palm_detection_lite``'s graph saved); a 3.3 reader ignores it (a newer minor only adds fields).
+Version 3.5 (written instead now) also copies the graph's name, inputs, outputs and node count
+into the section (``io``): a device running the file from its artifacts reads the section alone
+and hashes the IR's bytes without parsing them (``format.lean``); a full load checks the copy.
 
 Version 2.0 aligns a tensor of 64 bytes or more to 64 and packs a smaller one
 (a scale, a zero point, a bias of a few channels) at a multiple of its element size, after
@@ -93,7 +96,15 @@ import numpy as np
 
 from edgeinfer.errors import ModelFormatError, ModelValidationError
 from edgeinfer.format.atomic import atomic_write
-from edgeinfer.format.compiled import bound_to_ir, core_sha256, ir_digest, read_section, section_document
+from edgeinfer.format.compiled import (
+    bound_to_ir,
+    check_io,
+    core_sha256,
+    io_document,
+    ir_digest,
+    read_section,
+    section_document,
+)
 from edgeinfer.format.document import TensorTable, graph_to_document, metadata_to_document
 from edgeinfer.format.reading import (  # noqa: F401 - the reading half, also read from here
     _COMPILED_FIELD,
@@ -106,13 +117,13 @@ from edgeinfer.format.reading import (  # noqa: F401 - the reading half, also re
     HEADER,
     HEADER_SIZE,
     INT8_STORAGE_VERSION,
+    LEAN_VERSION,
     MAGIC,
     MAX_JSON_BYTES,
     MAX_RANK,
     NARROW_STORAGE_VERSION,
     NARROWINGS,
     READABLE_MINOR,
-    STORED_IR_VERSION,
     Header,
     align,
     checked_document,
@@ -171,7 +182,8 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
         if section.digest == ir_digest(document):
             document[_COMPILED_FIELD], artifacts, data_length = section_document(section, data_length)
             document[_COMPILED_FIELD]["ir_sha256"] = core_sha256(document)
-            version = STORED_IR_VERSION
+            document[_COMPILED_FIELD]["io"] = io_document(graph_doc)
+            version = LEAN_VERSION
             document["version"] = list(version)
         else:
             log.warning("%s: the model's compiled section belongs to another IR; it is not written",
@@ -438,7 +450,11 @@ def _load_mapped(mapped: mmap.mmap, source: str) -> Model:
         section = read_section(compiled, reader, lambda start, nbytes: view[start:start + nbytes].toreadonly(),
                                header.data_offset, header.data_length, tensors_end(document["tensors"]),
                                len(graph.nodes))
-        model.compiled = section if bound_to_ir(section, text, keys, document, compiled) else stale(section, source)
+        if bound_to_ir(section, text, keys, document, compiled):
+            check_io(section, graph.name, graph.inputs, graph.outputs, source)
+            model.compiled = section
+        else:
+            stale(section, source)
     return model
 
 

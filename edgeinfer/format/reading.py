@@ -7,7 +7,6 @@ See ``edgeinfer.format.eim`` for the byte layout.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import os
@@ -20,7 +19,7 @@ import numpy as np
 
 from edgeinfer import limits
 from edgeinfer.errors import ModelFormatError
-from edgeinfer.format.document import DocumentReader, Finding
+from edgeinfer.format.document import DocumentReader, Finding, sha256
 from edgeinfer.ir import dtypes
 from edgeinfer.log import get_logger
 
@@ -33,7 +32,8 @@ INT8_STORAGE_VERSION = (3, 1)  # written instead when a weight is stored as int8
 NARROW_STORAGE_VERSION = (3, 2)  # written instead when a tensor is stored narrower than its dtype
 COMPILED_VERSION = (3, 3)  # the first to hold a compiled section (compiled.py)
 STORED_IR_VERSION = (3, 4)  # written instead: the compiled section records ``ir_sha256`` too
-READABLE_MINOR = {1: 0, 2: 0, 3: 4}  # major version this reader reads -> the newest minor it knows
+LEAN_VERSION = (3, 5)  # written instead: the compiled section copies the graph's inputs and outputs (``io``)
+READABLE_MINOR = {1: 0, 2: 0, 3: 5}  # major version this reader reads -> the newest minor it knows
 # dtype -> the narrower dtypes it may be stored as (version 3.2), narrowest first
 NARROWINGS = {"float32": ("float16",), "int32": ("int8", "int16"), "int64": ("int8", "int16", "int32")}
 FORMAT_NAME = "edgeinfer-model"
@@ -136,7 +136,7 @@ def document_bytes(mapped: mmap.mmap | bytes, header: Header, source: str) -> by
 def stored_document(raw: bytes, header: Header, source: str) -> bytes:
     """The JSON text of the document stored as ``raw`` (the header's ``json_length`` bytes after
     it), checked against the header's checksum and decompressed."""
-    digest = hashlib.sha256(raw).digest()
+    digest = sha256(raw).digest()
     if digest != header.json_sha256:
         raise ModelFormatError(f"{source}: JSON checksum mismatch: expected SHA-256 "
                                f"{header.json_sha256.hex()[:16]}..., found {digest.hex()[:16]}...; "

@@ -1,8 +1,9 @@
 """A compiled ``.eim`` read for its plan (``format.lean``): the section is bound to the IR by the
 SHA-256 of the IR's stored bytes (version 3.4, ``ir_sha256``) rather than by encoding the parsed
 document again; a byte of the stored IR changed is a stale section; a 3.3 file (no ``ir_sha256``)
-and a document stored otherwise are still checked by ``digest``; loading for the plan imports
-neither the writer's half of the format nor a memory map."""
+and a document stored otherwise are still checked by ``digest``; a 3.5 file is read without parsing
+its IR (the section's ``io`` copy, checked against the parts here and against the graph by a full
+load); loading for the plan imports neither the writer's half of the format nor a memory map."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ import pytest
 
 import edgeinfer as ei
 from devkit import zoo
+from edgeinfer.errors import ModelFormatError
 from edgeinfer.format import compiled as compiled_module
+from edgeinfer.format import lean as lean_module
 from edgeinfer.format.lean import read_compiled
+from edgeinfer.format.reading import parse_document as compiled_module_parse
 from tests.format.conftest import XZ, EimFile
 
 pytest.importorskip("ai_edge_litert")
@@ -35,7 +39,7 @@ def compiled_file(tmp_path_factory) -> Path:
 
 def test_a_compiled_file_is_bound_by_its_stored_bytes_not_encoded_again(compiled_file, monkeypatch):
     parsed = EimFile.read(compiled_file)
-    assert (parsed.major, parsed.minor) == (3, 4) and parsed.document["compiled"]["ir_sha256"]
+    assert (parsed.major, parsed.minor) == (3, 5) and parsed.document["compiled"]["ir_sha256"]
 
     def encoded_again(document):
         raise AssertionError("the document was encoded again")
@@ -87,3 +91,84 @@ def test_loading_for_the_plan_reads_the_file_without_the_writer_or_a_map(compile
     assert "edgeinfer.format.reading" in modules
     assert not {"edgeinfer.format.eim", "edgeinfer.format.atomic", "edgeinfer.ir.mapped", "mmap",
                 "edgeinfer.api"} & modules
+
+
+def _compact(parsed: EimFile, document: dict) -> bytes:
+    """The file with ``document`` stored as ``save_model`` writes it (compact JSON, xz)."""
+    text = json.dumps(document, separators=(",", ":")).encode()
+    return parsed.pack(json_bytes=lzma.compress(text, lzma.FORMAT_XZ), flags=XZ)
+
+
+def test_a_version_3_5_file_runs_without_its_ir_parsed(compiled_file, monkeypatch):
+    feeds = zoo.example_inputs(zoo.cnn_residual_depthwise(size=16, channels=8), seed=0)
+    expected = ei.load(compiled_file)
+    reference = ei.Session(expected, backend="numpy").run(feeds)
+
+    def parsed(*args, **kwargs):
+        raise AssertionError("the IR was parsed")
+
+    monkeypatch.setattr(lean_module, "parse_document", parsed)
+    monkeypatch.setattr(lean_module, "read_tensors", parsed)
+    file = read_compiled(compiled_file)
+    assert file is not None and file._table is None
+    assert (file.name, [v.name for v in file.inputs], [v.name for v in file.outputs]) == (
+        expected.graph.name, expected.graph.input_names, expected.graph.output_names)
+    assert [(v.dtype, v.shape) for v in file.inputs] == [(v.dtype, v.shape) for v in expected.graph.inputs]
+    with ei.Session(compiled_file) as session:
+        got = session.run(feeds)
+    for key, value in reference.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5)
+
+
+def test_a_copy_of_the_inputs_that_is_not_the_graphs_is_refused(compiled_file, tmp_path):
+    parsed = EimFile.read(compiled_file)
+    io = parsed.document["compiled"]["io"]
+    io["inputs"][0]["name"] = io["inputs"][0]["name"] + "_other"
+    path = tmp_path / "io.eim"
+    path.write_bytes(_compact(parsed, parsed.document))
+    with pytest.raises(ModelFormatError, match="compiled.parts.0..inputs"):
+        read_compiled(path)  # the lean read: the parts read no such input
+    with pytest.raises(ModelFormatError, match="compiled.io"):
+        ei.load(path)  # the full read: the graph's own inputs
+
+
+def test_a_copy_whose_node_count_is_not_the_graphs_is_refused(compiled_file, tmp_path):
+    parsed = EimFile.read(compiled_file)
+    parsed.document["compiled"]["io"]["nodes"] += 1
+    path = tmp_path / "nodes.eim"
+    path.write_bytes(_compact(parsed, parsed.document))
+    with pytest.raises(ModelFormatError, match="assignment"):
+        read_compiled(path)  # the lean read: one backend per node it says the graph has
+    with pytest.raises(ModelFormatError, match="io.nodes: expected the graph's node count"):
+        ei.load(path)
+
+
+def test_a_version_3_4_file_is_still_read_by_parsing_its_ir(compiled_file, tmp_path, monkeypatch):
+    parsed = EimFile.read(compiled_file)
+    feeds = zoo.example_inputs(zoo.cnn_residual_depthwise(size=16, channels=8), seed=0)
+    expected = ei.Session(compiled_file).run(feeds)
+    document = parsed.document
+    del document["compiled"]["io"]
+    document["version"] = [3, 4]
+    path = tmp_path / "v34.eim"
+    path.write_bytes(parsed.pack(json_bytes=lzma.compress(json.dumps(document, separators=(",", ":")).encode(),
+                                                         lzma.FORMAT_XZ), flags=XZ, minor=4))
+    calls = []
+    monkeypatch.setattr(lean_module, "parse_document",
+                        lambda *a: calls.append(1) or compiled_module_parse(*a))
+    file = read_compiled(path)
+    assert file is not None and file._table is not None and calls
+    with ei.Session(path) as session:
+        got = session.run(feeds)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value)
+
+
+def test_a_document_that_ends_in_a_nested_compiled_key_is_located_by_its_end(compiled_file, tmp_path):
+    parsed = EimFile.read(compiled_file)
+    document = parsed.document
+    document["compiled"]["auto"] = {"reason": "x", "compiled": {"version": 1}}  # the last "compiled" key is nested
+    path = tmp_path / "nested.eim"
+    path.write_bytes(_compact(parsed, document))
+    file = read_compiled(path)
+    assert file is not None and file._table is None and file.section.auto["compiled"] == {"version": 1}
