@@ -8,8 +8,6 @@ index (producer, uses) is derived from the node list, never stored twice by hand
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -262,6 +260,8 @@ class Graph:
     # -- identity ---------------------------------------------------------------------------
     def content_hash(self) -> str:
         """A stable sha256 of structure, types and constant data (for plan caches)."""
+        import hashlib  # not imported by a compiled file's load
+
         digest = hashlib.sha256()
         _hash_graph(self, digest)
         return digest.hexdigest()
@@ -350,7 +350,18 @@ class Graph:
                     outputs.append(self.values[out].typed_like())
         infos = [self.values[o].typed_like() for o in produced if self.values[o].dtype is not None]
         return Graph(members, inputs, outputs, inits, value_info=infos, opset=self.opset,
-                     name=name or f"{self.name}_part")
+                     name=name or f"{self.name}_part", metadata=_storage_of(self.metadata, inits))
+
+
+def _storage_of(metadata: Mapping[str, str], initializers: Mapping[str, Any]) -> dict[str, str]:
+    """The weight-storage declaration of ``metadata`` for ``initializers`` alone (a part keeps its
+    float16-stored weights float16 where an exporter asks: the TFLite artifact's ``DEQUANTIZE``
+    of a float16 buffer, as the source file had it, at half the bytes)."""
+    from edgeinfer.ir.weights import STORAGE_KEY, with_live_stored_weights
+
+    if STORAGE_KEY not in metadata:
+        return {}
+    return with_live_stored_weights({STORAGE_KEY: metadata[STORAGE_KEY]}, initializers)
 
 
 def stable_topological_order(reads: Sequence[Iterable[str]],
@@ -366,6 +377,8 @@ def stable_topological_order(reads: Sequence[Iterable[str]],
         pending.append(len(deps))
         for dep in deps:
             consumers[dep].append(index)
+    import heapq  # not imported by a compiled file's load
+
     ready = [i for i, count in enumerate(pending) if count == 0]
     heapq.heapify(ready)
     order: list[int] = []
@@ -389,6 +402,8 @@ def _node_reads(node: Node) -> list[str]:
 def _hash_graph(graph: Graph, digest: Any) -> None:
     def attr_token(value: Any) -> Any:
         if isinstance(value, Graph):
+            import hashlib
+
             sub = hashlib.sha256()
             _hash_graph(value, sub)
             return {"graph": sub.hexdigest()}
@@ -446,6 +461,8 @@ def hash_array_bytes(array: np.ndarray, digest: Any, chunk: int = HASH_CHUNK_BYT
 
 
 def _array_digest(array: np.ndarray) -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     hash_array_bytes(array, digest)
     return digest.hexdigest()

@@ -13,7 +13,6 @@ from edgeinfer.ir import Graph
 from edgeinfer.log import get_logger
 from edgeinfer.runtime.aot import LazyModel, _lookup, build_compiled
 from edgeinfer.runtime.executors import SequentialExecutor
-from edgeinfer.runtime.fallback import run_proving
 from edgeinfer.runtime.partition import Assignment, Part
 from edgeinfer.runtime.parts import CompiledPart, PartCompileError
 from edgeinfer.runtime.placement import REFERENCE, Plan, make_backends
@@ -105,6 +104,8 @@ class LeanCompiledPlan(CompiledPlan):
             else:
                 self.proved()
                 return results
+        from edgeinfer.runtime.fallback import run_proving
+
         return run_proving(self, feeds)
 
     def _from_graph(self) -> None:

@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping, Sequence
 
 from edgeinfer.backend import Backend, part_note
@@ -267,6 +266,8 @@ def _parts(graph: Graph, placed: list[str], members: list[int], preds: list[set[
     for key, found in deps.items():
         for dep in found:
             consumers.setdefault(dep, []).append(key)
+    import heapq  # not imported by a compiled file's load
+
     ready = [(by_group[k][0], k) for k, count in waiting.items() if count == 0]
     heapq.heapify(ready)
     ordered: list[int] = []

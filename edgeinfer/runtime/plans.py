@@ -23,8 +23,6 @@ from typing import Any
 from edgeinfer.errors import SchedulerError
 from edgeinfer.ir import Graph
 from edgeinfer.log import get_logger
-from edgeinfer.runtime.compile import compile
-from edgeinfer.runtime.fallback import run_proving
 from edgeinfer.runtime.feeds import Signature
 
 log = get_logger("edgeinfer.runtime.plans")
@@ -261,6 +259,8 @@ class CompiledPlan(Owned):
     # requests go through the re-partition (``fallback.run_proving``); from the first success on,
     # ``run`` is the runner's own (for one part that is the whole graph, the engine's ``run``).
     def _first_run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        from edgeinfer.runtime.fallback import run_proving  # a compiled file's load never needs it
+
         return run_proving(self, feeds)
 
     def proved(self) -> None:
@@ -354,6 +354,8 @@ def build_plan(model: Any, settings: EngineSettings, signature: Signature | None
     elif executor == "ray":
         plan, runner = placement.make_plan(graph, backends), None
     else:
+        from edgeinfer.runtime.compile import compile
+
         plan, runner = compile(graph, backends, executor=local, threads=settings.threads,
                                debug=settings.debug, excluded=excluded, notes=notes)
     compiled = CompiledPlan(signature, settings, graph, backends, plan, runner, executor,
