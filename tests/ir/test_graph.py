@@ -97,6 +97,30 @@ def test_subgraph_boundaries_and_numerics():
     assert_close(outs["r"], np.maximum(x + np.array([1, 2, 3], np.float32), 0))
 
 
+def test_a_subgraph_keeps_the_storage_of_the_weights_it_copies():
+    """A part's float16-stored weights stay declared (a TFLite artifact keeps them float16 behind
+    DEQUANTIZE, as the source file had them); weights it does not copy are not listed."""
+    from edgeinfer.format.tflite import export_tflite
+    from edgeinfer.ir.infer import infer_types
+    from edgeinfer.ir.weights import stored_weights, with_stored_weights
+
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal((64, 64)).astype(np.float16).astype(np.float32)  # as the TFLite
+               for name in ("w1", "w2")}                                                   # importer holds them
+    graph = Graph([Node("MatMul", ["x", "w1"], ["a"]), Node("MatMul", ["a", "w2"], ["y"])],
+                  [Value("x", "float32", (1, 64))], [Value("y", "float32", (1, 64))], weights, opset={"": 17},
+                  metadata=with_stored_weights({}, ["w1", "w2"]))
+    graph = infer_types(graph)
+    part = graph.subgraph(graph.nodes[:1])
+    assert stored_weights(part.metadata) == {"w1": "float16"}
+    wide = part.copy()
+    wide.metadata = {}
+    assert len(export_tflite(part)) < len(export_tflite(wide)) - 64 * 64  # float16 bytes, not float32
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    got = ei.Session(ei.Model(part), backend="tflite").run({"x": x})["a"]
+    assert_close(got, x @ weights["w1"], rtol=1e-5, atol=1e-5)
+
+
 def test_content_hash_is_stable_and_sensitive():
     first, second = chain_graph(), chain_graph()
     assert first.content_hash() == second.content_hash()
