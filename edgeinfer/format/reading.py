@@ -8,7 +8,6 @@ See ``edgeinfer.format.eim`` for the byte layout.
 from __future__ import annotations
 
 import json
-import lzma
 import os
 import struct
 import sys
@@ -151,6 +150,8 @@ def stored_document(raw: bytes, header: Header, source: str) -> bytes:
 
 def _decompress_xz(stored: bytes, source: str) -> bytes:
     """The xz-compressed document's JSON bytes; at most MAX_JSON_BYTES are ever inflated."""
+    import lzma  # a compiled file's document is zlib's: a device's load imports no lzma
+
     inflater = lzma.LZMADecompressor(lzma.FORMAT_XZ)
     return _inflate(inflater, stored, source, "xz", lzma.LZMAError,
                     lambda: not inflater.eof and not inflater.needs_input)
