@@ -93,7 +93,6 @@ MODELS: list[RealModel] = [
         id="basic-pitch/nmp_saved_model", package="basic-pitch", format="saved_model", task="transcription",
         source=lambda: saved_model("basic-pitch", BASIC_PITCH + "nmp"), feeds=basic_pitch_window,
         native=saved_model_runner("contour", "note", "onset"),  # a SavedModel's outputs: by signature key
-        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of the dynamic batch
         note="SavedModel written by Keras 2 (Adam slot variables among its variables); the reference is "
              "tf.saved_model.load's serving_default",
     ),

@@ -163,7 +163,7 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("rapidocr-onnxruntime", RAPIDOCR + "ch_PP-OCRv4_rec_infer.onnx"),
         feeds=lambda: [text_line(48, 320)],
         note="paddle2onnx; SVTR attention, height declared with no value",
-        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of a dynamic dim; see _static
+        refuses={"tflite-export": "more than one dim unknown at export"},  # a Reshape; see _static
     ),
     RealModel(
         id="rapidocr/ppocrv4_rec_static", package="rapidocr-onnxruntime", format="onnx", task="ocr-recognition",
@@ -177,14 +177,13 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("rapidocr-onnxruntime", RAPIDOCR + "ch_ppocr_mobile_v2.0_cls_infer.onnx"),
         feeds=lambda: [text_line(48, 192)],
         note="paddle2onnx (opset 11); batch declared as dim_value -1",
-        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of the dynamic batch
     ),
     RealModel(
         id="ddddocr/common", package="ddddocr", format="onnx", task="ocr-recognition",
         source=lambda: model_file("ddddocr", "ddddocr/common.onnx"),
         feeds=lambda: [ddddocr_line(256)],
         note="torch.onnx 1.9; CNN + LSTM, width symbolic",
-        refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape; static, its LSTM has none either
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # its LSTM
     ),
     RealModel(
         id="ddddocr/common_det", package="ddddocr", format="onnx", task="detection",
@@ -232,7 +231,7 @@ MODELS: list[RealModel] = [
         source=lambda: model_file("silero-vad", SILERO + "silero_vad_op18_ifless.onnx"),
         feeds=silero_feeds("silero_vad_op18_ifless.onnx", sr=True, sr_first=True),
         note="torch.onnx 2.9 (opset 18)",
-        refuses={"tflite-export": "no TFLite export rule for this op"},  # Equal, If
+        refuses={"tflite-export": "no TFLite export rule for this op"},  # If
     ),
     RealModel(
         id="silero-vad/silero_vad_16k_sequence", package="silero-vad", format="onnx", task="vad",
@@ -263,7 +262,7 @@ MODELS: list[RealModel] = [
     RealModel(
         id="openwakeword/hey_jarvis", package="openwakeword", format="onnx", task="wake-word",
         source=lambda: wakeword_file("hey_jarvis_v0.1.onnx"), feeds=lambda: [wakeword_embeddings()],
-        atol=HEAD_ATOL, refuses={"tflite-export": "no TFLite export rule for this op"},  # the If's GreaterOrEqual
+        atol=HEAD_ATOL, refuses={"tflite-export": "no TFLite export rule for this op"},  # the If
         note="torch.onnx 1.12: dense layers with LayerNorm and an If; 16 embeddings of speech (no wake word)",
     ),
     light("shufflenet", "coffee", "grouped convolutions, channel shuffle; AveragePool excluding its pads"),

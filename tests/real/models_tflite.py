@@ -113,6 +113,6 @@ MODELS: list[RealModel] = [
            lambda: [wakeword_embeddings()], atol=HEAD_ATOL,
            note="dense layers with LayerNorm as MEAN/RSQRT; 16 embeddings of speech (no wake word)"),
     _entry("basic-pitch/nmp_tflite", "basic-pitch", BASIC_PITCH + "nmp.tflite", "transcription", basic_pitch_window,
-           refuses={"tflite-export": "no TFLite export rule for this op"},  # Shape of the dynamic batch
-           note="harmonic CQT front end; onset, note and pitch contour"),
+           note="harmonic CQT front end; onset, note and pitch contour; Shape of the dynamic batch and "
+                "divide_no_nan (Equal, Where) export as SHAPE, EQUAL, SELECT_V2: one TFLite part"),
 ]

@@ -121,7 +121,7 @@ def fusable_activation(ctx: OpContext) -> tuple[Node, int] | None:
     return None if not code else (consumer, code)
 
 
-def _binary(opcode: str):
+def binary_rule(opcode: str):
     def export(ctx: OpContext) -> None:
         perm = binary_layout(ctx)
         inputs = [binary_input(ctx, k, perm) for k in (0, 1)]
@@ -160,7 +160,7 @@ def _check_operands(operands: list[str], graph: Graph) -> str | None:
 
 
 for _op, _opcode in BINARY.items():
-    export_rule(_op, check=check_binary, int8="any" if _opcode in ("ADD", "SUB", "MUL") else "none")(_binary(_opcode))
+    export_rule(_op, check=check_binary, int8="any" if _opcode in ("ADD", "SUB", "MUL") else "none")(binary_rule(_opcode))
 
 
 def _terms(node: Node) -> list[str]:
@@ -175,7 +175,7 @@ def check_sum(node: Node, graph: Graph) -> str | None:
     return _check_operands(terms, graph)
 
 
-_add = _binary("ADD")
+_add = binary_rule("ADD")
 
 
 def _int8_sum(node: Node, graph: Graph) -> bool:
@@ -197,7 +197,7 @@ def sum_(ctx: OpContext) -> None:
 
 
 # -- unary and activations --------------------------------------------------------------------------
-def _unary(opcode: str):
+def unary_rule(opcode: str):
     def export(ctx: OpContext) -> None:
         perm = ctx.layout(0)
         ctx.op(opcode, [ctx.input(0, perm)], [ctx.output(0, perm)])
@@ -206,7 +206,7 @@ def _unary(opcode: str):
 
 
 for _op, _opcode in UNARY.items():
-    export_rule(_op)(_unary(_opcode))
+    export_rule(_op)(unary_rule(_opcode))
 
 
 def _ir_activation(node: Node, graph: Graph) -> tuple[str, tuple[float, ...]]:
@@ -336,4 +336,4 @@ export_rule("LogSoftmax", check=check_softmax, int8="fixed", fixed=(16 / 256, 12
 
 
 # PRelu is a binary op whose slope broadcasts to x (TFLite's PRELU takes alpha as its second input).
-export_rule("PRelu", check=check_binary)(_binary("PRELU"))
+export_rule("PRelu", check=check_binary)(binary_rule("PRELU"))

@@ -1,8 +1,9 @@
-"""Reshape-like ops, concatenation, gather, slice and cast.
+"""Reshape-like ops, concatenation, gather, slice, cast and Shape.
 
 Reshapes run on the IR's own axis order (a reshape of an NHWC tensor reads it back in NCHW
 first: the one place a layout change costs a TRANSPOSE). Concatenation and slicing work in
-any order, with their axes mapped through it.
+any order, with their axes mapped through it; Shape reads whichever order its input is held
+in and gathers the dims back into the IR's order.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgeinfer.format.tflite.context import OpContext
-from edgeinfer.format.tflite.export import ExportError, export_rule
+from edgeinfer.format.tflite.export import ExportError, export_rule, identity, inverse
+from edgeinfer.format.tflite.schema import TENSOR_TYPE_CODES
 from edgeinfer.ir import Graph, Node
 
 INT32_MAX = 2**31 - 1
@@ -134,10 +136,51 @@ def slice_(ctx: OpContext) -> None:
            begin_mask=begin_mask, end_mask=end_mask)
 
 
+def shape_range(rank: int, attrs) -> tuple[int, int]:
+    """ONNX Shape's ``[start, end)`` (opset 15 attributes; negative counts from the end),
+    clamped to ``[0, rank]``."""
+    start = int(attrs.get("start", 0))
+    end = int(attrs.get("end", rank))
+    start = max(0, min(rank, start + rank if start < 0 else start))
+    end = max(0, min(rank, end + rank if end < 0 else end))
+    return start, end
+
+
+def check_shape(node: Node, graph: Graph) -> str | None:
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.rank is None:
+        return "the input rank must be known"
+    start, end = shape_range(x.rank, node.attrs)
+    if end <= start:  # folded before export, unless it is a graph output
+        return f"Shape of dims [{start}:{end}] of a rank-{x.rank} input is empty; TFLite computes no empty tensor"
+    return None
+
+
+@export_rule("Shape", check=check_shape)
+def shape(ctx: OpContext) -> None:
+    """SHAPE of the input in the axis order it is held in (a quantized input's int8 tensor, no
+    DEQUANTIZE), then a GATHER of the IR's dims ``[start, end)`` where that order or the range
+    differs from the whole IR shape. A Shape whose dims are static was folded before export
+    (``fold_constants``)."""
+    name, rank = ctx.name(0), ctx.rank(0)
+    start, end = shape_range(rank, ctx.attrs)
+    held = ctx.exp.perms(name)
+    perm = identity(rank) if not held or identity(rank) in held else held[0]
+    source = ctx.exp.tensor(name, perm, "raw")
+    dtype = ctx.exp.dtype(ctx.node.outputs[0])
+    positions = [inverse(perm)[axis] for axis in range(start, end)]
+    options = {"options": "ShapeOptions", "out_type": TENSOR_TYPE_CODES[dtype]}
+    if positions == list(range(rank)):
+        ctx.op("SHAPE", [source], [ctx.output(0)], version=1, **options)
+        return
+    dims = ctx.temp((rank,), "dims", dtype=dtype)
+    ctx.op("SHAPE", [source], [dims], version=1, **options)
+    ctx.op("GATHER", [dims, ctx.int32(positions, "axes")], [ctx.output(0)], version=1, options="GatherOptions",
+           axis=0, batch_dims=0)
+
+
 @export_rule("Cast")
 def cast(ctx: OpContext) -> None:
-    from edgeinfer.format.tflite.schema import TENSOR_TYPE_CODES
-
     perm = ctx.layout(0)
     source, target = ctx.dtype(0), ctx.exp.dtype(ctx.node.outputs[0])
     if source not in TENSOR_TYPE_CODES or target not in TENSOR_TYPE_CODES:
