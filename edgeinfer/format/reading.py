@@ -12,7 +12,8 @@ import os
 import struct
 import sys
 import zlib
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections import namedtuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,7 +60,9 @@ def tensor_alignment(nbytes: int, itemsize: int, major: int = FORMAT_VERSION[0])
     return ALIGNMENT if major < 2 or nbytes >= ALIGNMENT else max(itemsize, 1)
 
 
-class Header(NamedTuple):
+class Header(namedtuple("Header", ("major", "minor", "flags", "json_length", "data_offset", "data_length",
+                                   "json_sha256"))):
+    __slots__ = ()
     major: int
     minor: int
     flags: int
@@ -227,13 +230,14 @@ def stale(section: Any, source: str) -> None:
                 "compiles from its IR", source, section.digest[:12])
 
 
-class _Span(NamedTuple):
+class _Span(namedtuple("_Span", ("index", "dtype", "shape", "offset", "nbytes", "widen"), defaults=(None,))):
+    __slots__ = ()
     index: int
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int
     nbytes: int
-    widen: np.dtype | None = None  # the entry's dtype, when it is stored as the narrower ``dtype``
+    widen: np.dtype | None  # the entry's dtype, when it is stored as the narrower ``dtype``
 
 
 def read_tensors(mapped: mmap.mmap | None, header: Header, table: Any, reader: DocumentReader, *,

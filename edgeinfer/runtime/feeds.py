@@ -14,9 +14,10 @@ A model whose inputs are all static has one signature, ``static``.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +26,11 @@ from edgeinfer.ir import dtypes
 from edgeinfer.model import TensorInfo
 
 
-class Signature(NamedTuple):
+class Signature(namedtuple("Signature", ("dims",), defaults=((),))):
     """Symbol -> value (or bucket label), sorted by symbol."""
 
-    dims: tuple[tuple[str, int | str], ...] = ()
+    __slots__ = ()
+    dims: tuple[tuple[str, int | str], ...]
 
     def __str__(self) -> str:
         return ",".join(f"{name}={value}" for name, value in self.dims) or "static"

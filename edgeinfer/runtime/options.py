@@ -24,27 +24,31 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from edgeinfer.errors import BackendError
 
 
-class RunOptions(NamedTuple):
-    fallback: bool = False  # run on the CPU, with a warning, where the device is missing
-    debug: bool | None = None  # per-node timing and shapes (None: $EDGEINFER_DEBUG)
-    backend_options: Mapping[str, Mapping[str, Any]] | None = None  # engine options per backend name
-    example_feeds: Mapping[str, Any] | None = None  # feeds measured decisions are made on
-    buckets: Mapping[str, Sequence[int]] | None = None  # symbolic dim -> values grouped in one signature
-    plan_cache_size: int = 8  # signatures kept compiled (least recently used closed first)
+class RunOptions(namedtuple("RunOptions", ("fallback", "debug", "backend_options", "example_feeds", "buckets",
+                                           "plan_cache_size"), defaults=(False, None, None, None, None, 8))):
+    __slots__ = ()
+    fallback: bool  # run on the CPU, with a warning, where the device is missing
+    debug: bool | None  # per-node timing and shapes (None: $EDGEINFER_DEBUG)
+    backend_options: Mapping[str, Mapping[str, Any]] | None  # engine options per backend name
+    example_feeds: Mapping[str, Any] | None  # feeds measured decisions are made on
+    buckets: Mapping[str, Sequence[int]] | None  # symbolic dim -> values grouped in one signature
+    plan_cache_size: int  # signatures kept compiled (least recently used closed first)
 
 
-class _AutoFields(NamedTuple):
-    cache: str | os.PathLike | bool | None = None  # the choice's disk cache folder (False: off)
+class _AutoFields(namedtuple("AutoOptions", ("cache", "cold_start", "budget_s"), defaults=(None, True, None))):
+    __slots__ = ()
+    cache: str | os.PathLike | bool | None  # the choice's disk cache folder (False: off)
     # ei.compile: a warm winner that is not the native engine must also start (import, load, first
     # result in a fresh process) within 10% of the native engine's (runtime.coldstart)
-    cold_start: bool = True
-    budget_s: float | None = None  # seconds auto's timing rounds take together, after compiling (None: 2)
+    cold_start: bool
+    budget_s: float | None  # seconds auto's timing rounds take together, after compiling (None: 2)
 
 
 class AutoOptions(_AutoFields):
@@ -56,10 +60,11 @@ class AutoOptions(_AutoFields):
         return super().__new__(cls, cache, bool(cold_start), budget_s)
 
 
-class _StreamFields(NamedTuple):
-    stages: int | str | None = "auto"  # pipeline stages (or "auto": the planner decides)
-    replicas: int | Sequence[int] | str | None = "auto"  # workers per stage
-    plan_budget: float | None = None  # seconds the stage planner may spend on candidates
+class _StreamFields(namedtuple("StreamOptions", ("stages", "replicas", "plan_budget"), defaults=("auto", "auto", None))):
+    __slots__ = ()
+    stages: int | str | None  # pipeline stages (or "auto": the planner decides)
+    replicas: int | Sequence[int] | str | None  # workers per stage
+    plan_budget: float | None  # seconds the stage planner may spend on candidates
 
 
 class StreamOptions(_StreamFields):
@@ -90,10 +95,11 @@ def check_choice(stages: int | str | None, replicas: int | Sequence[int] | str |
     raise BackendError(f"replicas {replicas!r}: expected a positive integer, a list of them, or 'auto'")
 
 
-class _PrecisionFields(NamedTuple):
-    precision: str = "fp32"  # "fp32", "auto" (reduced candidates where they hold), "bf16", "fp16"
-    samples: Sequence[Mapping[str, Any]] | None = None  # real inputs reduced precision is checked on
-    tolerance: Any = None  # dB SQNR floor, {"sqnr_db", "max_error"} or a precision.Tolerance (None: default)
+class _PrecisionFields(namedtuple("PrecisionOptions", ("precision", "samples", "tolerance"), defaults=("fp32", None, None))):
+    __slots__ = ()
+    precision: str  # "fp32", "auto" (reduced candidates where they hold), "bf16", "fp16"
+    samples: Sequence[Mapping[str, Any]] | None  # real inputs reduced precision is checked on
+    tolerance: Any  # dB SQNR floor, {"sqnr_db", "max_error"} or a precision.Tolerance (None: default)
 
 
 class PrecisionOptions(_PrecisionFields):
@@ -114,12 +120,14 @@ class PrecisionOptions(_PrecisionFields):
         return super().__new__(cls, check_precision(precision), None if samples is None else list(samples), tolerance)
 
 
-class RayOptions(NamedTuple):
-    address: str | None = None  # None: a local Ray instance; "ray://host:port" or "auto"
-    stage_resources: Any = None  # one dict of actor resources for every stage, or one per stage
-    transfer_bytes_per_second: float | None = None
-    max_restarts: int | None = None
-    ray_init: Mapping[str, Any] | None = None  # keywords for ray.init when edgeinfer starts Ray
+class RayOptions(namedtuple("RayOptions", ("address", "stage_resources", "transfer_bytes_per_second", "max_restarts",
+                                           "ray_init"), defaults=(None,) * 5)):
+    __slots__ = ()
+    address: str | None  # None: a local Ray instance; "ray://host:port" or "auto"
+    stage_resources: Any  # one dict of actor resources for every stage, or one per stage
+    transfer_bytes_per_second: float | None
+    max_restarts: int | None
+    ray_init: Mapping[str, Any] | None  # keywords for ray.init when edgeinfer starts Ray
 
     def settings(self) -> dict[str, Any]:
         """The keyword arguments of ``RayPipeline``, checked."""
@@ -133,14 +141,16 @@ class RayOptions(NamedTuple):
 OPTION_TYPES = (RunOptions, AutoOptions, StreamOptions, RayOptions, PrecisionOptions)
 
 
-class Options(NamedTuple):
+class Options(namedtuple("Options", ("run", "auto", "stream", "ray", "precision"),
+                        defaults=(RunOptions(), AutoOptions(), StreamOptions(), RayOptions(), PrecisionOptions()))):
     """One of each option group (the defaults where a caller gave none)."""
 
-    run: RunOptions = RunOptions()
-    auto: AutoOptions = AutoOptions()
-    stream: StreamOptions = StreamOptions()
-    ray: RayOptions = RayOptions()
-    precision: PrecisionOptions = PrecisionOptions()
+    __slots__ = ()
+    run: RunOptions
+    auto: AutoOptions
+    stream: StreamOptions
+    ray: RayOptions
+    precision: PrecisionOptions
 
 
 def replace(options: Any, **changes: Any) -> Any:
