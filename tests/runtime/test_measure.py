@@ -56,6 +56,17 @@ def test_the_slower_half_of_more_than_two_goes_after_the_first_round():
     assert medians["a"] < medians["b"]
 
 
+def test_a_contender_faster_than_the_protected_one_is_never_pruned():
+    """Far over the best but faster than the native engine: kept through the one-call probe and
+    the halving (auto's runner-up, should the best start too slowly)."""
+    calls: list[str] = []
+    spec = (("best", 0.001), ("runner_up", 0.004), ("native", 0.006), ("slow", 0.009))
+    result = race({label: _contender(s, calls, label) for label, s in spec}, drop_factor=3.0, probe_factor=2.0,
+                  protected="native", budget_s=0.05)
+    assert set(result.times) == {"best", "runner_up", "native"}
+    assert "one call" in result.dropped["slow"]
+
+
 def test_the_protected_contender_survives_the_halving():
     calls: list[str] = []
     spec = (("a", 0.0010), ("b", 0.0012), ("native", 0.0025))
