@@ -36,13 +36,6 @@ from edgeinfer.errors import ModelFormatError
 from edgeinfer.ir import dtypes
 from edgeinfer.ir.dtypes import TypeSpec
 from edgeinfer.ir.graph import Graph, Node, Value
-from edgeinfer.ir.weights import (
-    int8_factors,
-    int8_stored_weights,
-    storage_array,
-    stored_weights,
-    widen_stored,
-)
 
 TAG = "t"
 try:  # OpenSSL's SHA-256 alone: ``hashlib`` also sets up every other algorithm (0.9 ms of a cold start)
@@ -94,6 +87,9 @@ class TensorTable:
     def int8_ref(self, array: np.ndarray, axis: int, where: str) -> int:
         """``ref`` of a weight declared int8-stored; when it is exactly ``q * scale``
         (``int8_factors``), ``q`` and ``scale`` are stored and the weight becomes their product."""
+        # the writer's: a device's load imports no weights module
+        from edgeinfer.ir.weights import int8_factors
+
         index = self.ref(array, where)
         factors = int8_factors(array, axis) if index not in self.int8_products else None
         if factors is not None:
@@ -162,6 +158,8 @@ def graph_to_document(graph: Graph, table: TensorTable, depth: int = 0) -> dict[
     # keeps values known only by shape, so the loaded graph is the same graph.
     typed = [v for v in graph.values.values() if v.name not in boundary and v.const is None
              and (v.dtype is not None or v.shape is not None)]
+    from edgeinfer.ir.weights import int8_stored_weights, storage_array, stored_weights
+
     narrow = stored_weights(graph.metadata)  # float16-stored weights keep their narrow bytes
     int8 = int8_stored_weights(graph.metadata) if depth == 0 else {}  # and int8-stored ones int8 and a scale
 
@@ -433,6 +431,8 @@ class DocumentReader:
         nodes = [self.node(item, f"{where}.nodes[{i}]", depth)
                  for i, item in enumerate(self.array(obj["nodes"], f"{where}.nodes"))]
         metadata = self.str_map(obj["metadata"], f"{where}.metadata")
+        from edgeinfer.ir.weights import widen_stored
+
         return Graph(nodes, self.values(obj["inputs"], f"{where}.inputs"),
                      self.values(obj["outputs"], f"{where}.outputs"), widen_stored(initializers, metadata),
                      value_info=self.values(obj["value_info"], f"{where}.value_info"), opset=opset,

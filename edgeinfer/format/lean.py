@@ -60,7 +60,6 @@ from edgeinfer.format.reading import (
     tensors_end,
 )
 from edgeinfer.ir import Value
-from edgeinfer.ir.weights import widen_stored
 
 
 class CompiledFile:
@@ -92,6 +91,8 @@ class CompiledFile:
             return {}
         if not self._reader.tensors:
             self._reader.tensors = self._map_tensors()
+        from edgeinfer.ir.weights import widen_stored
+
         found = {name: self._reader.tensors[self._initializers[name]] for name in wanted}
         return widen_stored(found, self._graph_metadata)
 
