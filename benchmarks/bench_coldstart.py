@@ -154,7 +154,8 @@ def main() -> None:
         for item in prepared.values():  # untimed: byte-code caches written, files in the page cache, for all
             for case in CASES:
                 run_case(case, item, args.threads)
-        print(f"load average before timing: {os.getloadavg()[0]:.2f}", flush=True)
+        load_before = os.getloadavg()[0]
+        print(f"load average before timing: {load_before:.2f}", flush=True)
         results: dict[str, dict[str, list[dict[str, Any]]]] = {k: {c: [] for c in CASES} for k in prepared}
         for _ in range(args.rounds):
             for key, item in prepared.items():
@@ -177,7 +178,8 @@ def main() -> None:
         load = os.getloadavg()[0]
     print_table(rows, args.threads, load)
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "rounds": args.rounds, "load_after": load,
+        args.json.write_text(json.dumps({"threads": args.threads, "rounds": args.rounds, "load_before": load_before,
+                                         "load_after": load,
                                          "rows": rows}, indent=1))
 
 
