@@ -15,7 +15,7 @@ In the document, beside the graph::
                         "outputs": [values], "nodes": N},     node count (version 3.5)
                  "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
                             "inputs": [values], "outputs": [values]}],
-                 "artifacts": [{"kind", "facts", "offset", "nbytes", "sha256"}],
+                 "artifacts": [{"kind", "facts", "offset", "nbytes", "blake2b"}],   ("sha256" before 3.6)
                  "auto": null or {"median_ms", "reason"},
                  "precision": {"precision": "bf16", "engine_options": {"openvino": {...}},   (optional:
                                "error": {output: {"sqnr_db", "max_error"}},    only where not fp32)
@@ -34,8 +34,9 @@ hashes the stored bytes rather than encoding the parsed document again (``bound_
 what a device needs of the graph (``"io"``: its name, inputs, outputs and node count), so that a
 file run from its artifacts is read without parsing the graph, its tensor table or its nodes
 (``format.lean``: the IR's stored bytes are hashed, not parsed); a full load checks the copy
-against the graph itself. The reader checks every field's
-type and every artifact's bounds here; an artifact's own SHA-256 is checked when it is used
+against the graph itself. Since version 3.6 an artifact is recorded by its BLAKE2b-256
+(``"blake2b"``; ``"sha256"`` before, still read). The reader checks every field's
+type and every artifact's bounds here; an artifact's own digest is checked when it is used
 (``CompiledSection.artifact``), so loading a file for its IR reads no artifact byte.
 """
 
@@ -47,13 +48,14 @@ from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import ModelFormatError
-from edgeinfer.format.document import DocumentReader, Finding, sha256
+from edgeinfer.format.document import DocumentReader, Finding, blake2b, sha256
 from edgeinfer.format.document import _value_doc as value_doc
 
 SECTION_VERSION = 1
 _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine", "engines", "digest", "parts",
            "artifacts", "auto")
-_ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes", "sha256")
+_ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes")  # and its digest: "blake2b" (3.6), "sha256" before
+DIGESTS = {"blake2b": "BLAKE2b-256", "sha256": "SHA-256"}  # an artifact's digest field -> its algorithm
 _IO_FIELDS = ("name", "inputs", "outputs", "nodes")
 _PRECISION_FIELDS = ("precision", "engine_options", "error", "kept_fp32", "not_offered")
 PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision", "fp32_nodes")}
@@ -65,13 +67,14 @@ class StoredArtifact:
     when first asked (``read``), or by ``read_ahead``'s thread. Plain classes here and below: a
     device's cold start reads this module and imports no ``dataclasses``."""
 
-    __slots__ = ("kind", "facts", "_data", "_read", "sha256", "checked", "_found", "_error", "_loading")
+    __slots__ = ("kind", "facts", "_data", "_read", "digest", "algorithm", "checked", "_found", "_error", "_loading")
 
-    def __init__(self, kind: str, facts: dict[str, Any], data: Any, sha256: str, checked: bool = False,
-                 read: Callable[[], Any] | None = None) -> None:
-        self.kind, self.facts, self.sha256, self.checked = kind, facts, sha256, checked
+    def __init__(self, kind: str, facts: dict[str, Any], data: Any, digest: str, checked: bool = False,
+                 read: Callable[[], Any] | None = None, algorithm: str = "blake2b") -> None:
+        self.kind, self.facts, self.digest, self.checked = kind, facts, digest, checked
+        self.algorithm = algorithm  # "blake2b" (version 3.6) or "sha256" (a file of 3.3-3.5)
         self._data, self._read = data, read
-        self._found: str | None = None  # the SHA-256 of ``data``, once computed
+        self._found: str | None = None  # the digest of ``data``, once computed
         self._error: Exception | None = None  # why reading it failed
         self._loading: threading.Thread | None = None  # the thread reading it ahead
 
@@ -80,16 +83,23 @@ class StoredArtifact:
         self._ready()
         return self._data
 
-    def found_sha256(self) -> str:
-        """The SHA-256 of its bytes as read."""
+    def found_digest(self) -> str:
+        """The digest of its bytes as read (its ``algorithm``)."""
         self._ready()
-        return self._found or sha256(self._data).hexdigest()
+        return self._found or self._digest_of(self._data)
+
+    def blake2b(self) -> str:
+        """Its BLAKE2b-256, as version 3.6 records it (a file of 3.3-3.5 recorded its SHA-256)."""
+        return self.digest if self.algorithm == "blake2b" else blake2b(self.data)
+
+    def _digest_of(self, data: Any) -> str:
+        return blake2b(data) if self.algorithm == "blake2b" else sha256(data).hexdigest()
 
     def _load(self) -> None:
-        """Read its bytes and their SHA-256 (on ``read_ahead``'s thread, or where first asked)."""
+        """Read its bytes and their digest (on ``read_ahead``'s thread, or where first asked)."""
         try:
             data = self._read() if self._read is not None else self._data
-            self._found = sha256(data).hexdigest()
+            self._found = self._digest_of(data)
             self._data, self._read = data, None
         except Exception as exc:  # noqa: BLE001 - said by whoever asks for the bytes
             self._error = exc
@@ -105,8 +115,8 @@ class StoredArtifact:
 
 
 def read_ahead(artifacts: list[StoredArtifact]) -> None:
-    """Read ``artifacts`` and compute their SHA-256 on a thread of their own: reading a file and
-    hashing release the GIL, so a load goes on meanwhile (it imports the engine's module) and
+    """Read ``artifacts`` and compute their digests on a thread of their own: reading a file and
+    hashing (BLAKE2b) release the GIL, so a load goes on meanwhile (it imports the engine's module) and
     ``CompiledSection.artifact`` waits for them (``openwakeword``'s 0.4 MB to ``pose_landmark``'s
     13 MB flatbuffer: up to 20 ms of a 2-core cold start). Nothing reaches an engine unchecked."""
     if not artifacts:
@@ -150,16 +160,17 @@ class CompiledSection:
                 f"machine={self.machine!r}, {len(self.parts)} parts, {len(self.artifacts)} artifacts)")
 
     def artifact(self, index: int) -> StoredArtifact:
-        """Artifact ``index``, its bytes checked against the SHA-256 the section records."""
+        """Artifact ``index``, its bytes checked against the digest the section records."""
         stored = self.artifacts[index]
         if not stored.checked:
             try:
-                found = stored.found_sha256()
+                found = stored.found_digest()
             except ModelFormatError as exc:
                 raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: {exc}") from None
-            if found != stored.sha256:
-                raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: expected bytes of SHA-256 "
-                                       f"{stored.sha256[:16]}..., found {found[:16]}... (changed after it was written)")
+            if found != stored.digest:
+                raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: expected bytes of "
+                                       f"{DIGESTS[stored.algorithm]} {stored.digest[:16]}..., found {found[:16]}... "
+                                       "(changed after it was written)")
             stored.checked = True
         return stored
 
@@ -202,7 +213,7 @@ def _stored_core_sha256(text: bytes, keys: list[str], compiled: Any, version: An
     if keys != ["format", "version", "metadata", "tensors", "graph", "compiled"] or \
             len(text) < len(head) + len(tail) or not text.startswith(head) or not text.endswith(tail):
         return None
-    digest = sha256(b"{")
+    digest = sha256(b"{", len(text))
     digest.update(memoryview(text)[len(head):len(text) - len(tail)])
     digest.update(b"}")
     return digest.hexdigest()
@@ -222,7 +233,7 @@ def section_document(section: CompiledSection, data_start: int) -> tuple[dict[st
         offset = -(-offset // _ALIGNMENT) * _ALIGNMENT
         nbytes = len(stored.data)
         entries.append({"kind": stored.kind, "facts": stored.facts, "offset": offset, "nbytes": nbytes,
-                        "sha256": stored.sha256})
+                        "blake2b": stored.blake2b()})
         placed.append((offset, stored.data))
         offset += nbytes
     parts = [{**part, "inputs": [value_doc(v, "part input") for v in part["inputs"]],
@@ -353,7 +364,8 @@ def _precision(obj: Any, reader: DocumentReader, where: str) -> dict[str, Any] |
 
 def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[[int, int], Any], data_offset: int,
               data_length: int, tensors_end: int) -> StoredArtifact:
-    entry = reader.fields(entry, where, _ARTIFACT_FIELDS)
+    algorithm = "sha256" if isinstance(entry, dict) and "sha256" in entry and "blake2b" not in entry else "blake2b"
+    entry = reader.fields(entry, where, (*_ARTIFACT_FIELDS, algorithm))
     if not isinstance(entry["facts"], dict):
         raise reader.fail(f"{where}.facts", "an object", entry["facts"])
     offset = reader.integer(entry["offset"], f"{where}.offset", maximum=data_length)
@@ -361,10 +373,10 @@ def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[
     if offset < tensors_end or offset + nbytes > data_length:
         raise reader.fail(where, f"bytes after the tensors (from {tensors_end}) within the {data_length}-byte "
                           "data section", Finding(f"{nbytes} bytes at offset {offset}"))
-    digest = reader.string(entry["sha256"], f"{where}.sha256", non_empty=True)
+    digest = reader.string(entry[algorithm], f"{where}.{algorithm}", non_empty=True)
     start = data_offset + offset
     return StoredArtifact(reader.string(entry["kind"], f"{where}.kind"), entry["facts"], None, digest,
-                          read=lambda: data_at(start, nbytes))
+                          read=lambda: data_at(start, nbytes), algorithm=algorithm)
 
 
 def _check_disjoint(entries: list[dict[str, Any]], reader: DocumentReader, where: str) -> None:

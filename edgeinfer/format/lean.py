@@ -223,7 +223,7 @@ def _read_lean(text: bytes, header: Header, source: str) -> CompiledFile | None:
                            header.data_offset, header.data_length, 0, nodes)
     if any(stored.facts.get("reads") for stored in section.artifacts):
         return None  # an artifact reads initializers (onnxruntime's, the weights left in the file): parsed whole
-    digest = sha256(b"{")
+    digest = sha256(b"{", end - core_start)
     digest.update(memoryview(text)[core_start:end])
     digest.update(b"}")
     if digest.hexdigest() != section.ir_sha256:

@@ -182,9 +182,8 @@ def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
 
 
 def _stored(artifact: Artifact, part: dict[str, list[str]]) -> Any:
-    import hashlib
-
     from edgeinfer.format.compiled import StoredArtifact
+    from edgeinfer.format.document import blake2b
 
     data = bytes(artifact.data)
-    return StoredArtifact(artifact.kind, {**artifact.facts, "part": part}, data, hashlib.sha256(data).hexdigest(), True)
+    return StoredArtifact(artifact.kind, {**artifact.facts, "part": part}, data, blake2b(data), True)

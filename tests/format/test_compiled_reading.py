@@ -39,7 +39,7 @@ def compiled_file(tmp_path_factory) -> Path:
 
 def test_a_compiled_file_is_bound_by_its_stored_bytes_not_encoded_again(compiled_file, monkeypatch):
     parsed = EimFile.read(compiled_file)
-    assert (parsed.major, parsed.minor) == (3, 5) and parsed.document["compiled"]["ir_sha256"]
+    assert (parsed.major, parsed.minor) == (3, 6) and parsed.document["compiled"]["ir_sha256"]
 
     def encoded_again(document):
         raise AssertionError("the document was encoded again")
@@ -91,6 +91,9 @@ def test_loading_for_the_plan_reads_the_file_without_the_writer_or_a_map(compile
     assert "edgeinfer.format.reading" in modules
     assert not {"edgeinfer.format.eim", "edgeinfer.format.atomic", "edgeinfer.ir.mapped", "mmap",
                 "edgeinfer.api"} & modules
+    # version 3.6: the artifacts' BLAKE2b and the small SHA-256s are CPython's own, no OpenSSL loaded;
+    # the document is zlib's
+    assert not {"hashlib", "_hashlib", "lzma", "edgeinfer.ir.weights"} & modules
 
 
 def _compact(parsed: EimFile, document: dict) -> bytes:
@@ -172,3 +175,34 @@ def test_a_document_that_ends_in_a_nested_compiled_key_is_located_by_its_end(com
     path.write_bytes(_compact(parsed, document))
     file = read_compiled(path)
     assert file is not None and file._table is None and file.section.auto["compiled"] == {"version": 1}
+
+
+def test_a_version_3_5_file_records_its_artifacts_by_sha256_and_is_still_checked(compiled_file, tmp_path, caplog):
+    import hashlib
+
+    parsed = EimFile.read(compiled_file)
+    feeds = zoo.example_inputs(zoo.cnn_residual_depthwise(size=16, channels=8), seed=0)
+    expected = ei.Session(compiled_file).run(feeds)
+    document = parsed.document
+    for entry in document["compiled"]["artifacts"]:
+        start = entry["offset"]
+        del entry["blake2b"]
+        entry["sha256"] = hashlib.sha256(parsed.data[start:start + entry["nbytes"]]).hexdigest()
+    document["version"] = [3, 5]
+    text = json.dumps(document, separators=(",", ":")).encode()
+    path = tmp_path / "v35.eim"
+    path.write_bytes(parsed.pack(json_bytes=lzma.compress(text, lzma.FORMAT_XZ), flags=XZ, minor=5))
+    file = read_compiled(path)
+    assert file is not None and file.section.artifacts[0].algorithm == "sha256"
+    with ei.Session(path) as session:
+        got = session.run(feeds)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(got[key], value)
+    entry = document["compiled"]["artifacts"][0]
+    data = bytearray(parsed.data)
+    data[entry["offset"] + entry["nbytes"] // 2] ^= 0xFF  # one byte of the artifact changed
+    parsed.data = bytes(data)
+    damaged = tmp_path / "v35-damaged.eim"
+    damaged.write_bytes(parsed.pack(json_bytes=lzma.compress(text, lzma.FORMAT_XZ), flags=XZ, minor=5))
+    with pytest.raises(ModelFormatError, match="expected bytes of SHA-256"):
+        read_compiled(damaged).section.artifact(0)

@@ -17,7 +17,7 @@ def _contender(seconds: float, calls: list[str], label: str):
 
 def test_one_call_each_drops_a_contender_over_twice_the_best_before_any_warm_up():
     calls: list[str] = []
-    runs = {label: _contender(s, calls, label) for label, s in (("fast", 0.001), ("slow", 0.008), ("native", 0.008))}
+    runs = {label: _contender(s, calls, label) for label, s in (("fast", 0.001), ("slow", 0.010), ("native", 0.005))}
     result = race(runs, drop_factor=3.0, probe_factor=2.0, protected="native", budget_s=0.05)
     # one call, one more after other engines' threads stopped spinning (under REPROBE_MAX_S), then
     # dropped: no warm-up, no rounds
