@@ -16,7 +16,8 @@ same for all and left out), reports its peak RSS (``VmHWM``) and saves its outpu
 checks every case's outputs against ``raw``'s. One untimed round first writes byte-code caches
 (as ``pip install`` does for an installed package; this checkout may run with
 ``PYTHONDONTWRITEBYTECODE``, which the children drop) and warms the page cache for every case
-alike. Nothing else may run on the machine (the load average is printed with the table).
+alike. Nothing else may run on the machine: timing starts once the load average of the compiles
+has fallen under 0.8 (two minutes at most), and it is printed with the table.
 
     python benchmarks/bench_coldstart.py [--rounds 3] [--threads 2] [--only nudenet/320n ...] [--json out.json]
 """
@@ -77,6 +78,16 @@ EDGEINFER = _PRELUDE + (
     "s = ei.Session(sys.argv[4], backend=backend, threads=int(sys.argv[3]))\n"
     "feeds = np.load(sys.argv[1])\n"
     "outs = list(s.run({info.name: feeds[f'arr_{k}'] for k, info in enumerate(s.model.inputs)}).values())\n") + _REPORT
+
+
+QUIET_LOAD, SETTLE_S = 0.8, 120.0  # the 1-minute load average timing starts under, and how long it waits for it
+
+
+def settle(quiet: float, most_s: float) -> None:
+    """Wait until the 1-minute load average falls under ``quiet`` (at most ``most_s`` seconds)."""
+    start = time.monotonic()
+    while os.getloadavg()[0] >= quiet and time.monotonic() - start < most_s:
+        time.sleep(2.0)
 
 
 def entries(only: list[str]) -> list[Any]:
@@ -154,6 +165,7 @@ def main() -> None:
         for item in prepared.values():  # untimed: byte-code caches written, files in the page cache, for all
             for case in CASES:
                 run_case(case, item, args.threads)
+        settle(QUIET_LOAD, SETTLE_S)  # the compiles above loaded the machine: let it go quiet first
         load_before = os.getloadavg()[0]
         print(f"load average before timing: {load_before:.2f}", flush=True)
         results: dict[str, dict[str, list[dict[str, Any]]]] = {k: {c: [] for c in CASES} for k in prepared}
