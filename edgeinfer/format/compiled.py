@@ -15,7 +15,7 @@ In the document, beside the graph::
                         "outputs": [values], "nodes": N},     node count (version 3.5)
                  "parts": [{"backend", "nodes": [...], "artifact": 0 or null,
                             "inputs": [values], "outputs": [values]}],
-                 "artifacts": [{"kind", "facts", "offset", "nbytes", "blake2b"}],   ("sha256" before 3.6)
+                 "artifacts": [{"kind", "facts", "offset", "nbytes", "crc32"}],   ("sha256" before 3.6)
                  "auto": null or {"median_ms", "reason"},
                  "precision": {"precision": "bf16", "engine_options": {"openvino": {...}},   (optional:
                                "error": {output: {"sqnr_db", "max_error"}},    only where not fp32)
@@ -34,8 +34,14 @@ hashes the stored bytes rather than encoding the parsed document again (``bound_
 what a device needs of the graph (``"io"``: its name, inputs, outputs and node count), so that a
 file run from its artifacts is read without parsing the graph, its tensor table or its nodes
 (``format.lean``: the IR's stored bytes are hashed, not parsed); a full load checks the copy
-against the graph itself. Since version 3.6 an artifact is recorded by its BLAKE2b-256
-(``"blake2b"``; ``"sha256"`` before, still read). The reader checks every field's
+against the graph itself. Since version 3.6 an artifact's bytes are checked by their CRC-32
+(``"crc32"``; their SHA-256 before, ``"sha256"``, still read): the check is against accidental
+change (a damaged, truncated or partly copied file; an artifact moved to another part), which a
+CRC-32 catches as a cryptographic hash does (a file's author can write either to match any bytes),
+at 3 GB/s where BLAKE2b runs at 0.7 and OpenSSL's SHA-256 costs 3.3 ms to load: hand_landmark_full's
+5.5 MB flatbuffer, read ahead beside LiteRT's import, took 9-10 ms to hash with BLAKE2b, 1.5-2.4 ms
+with CRC-32. The section itself is covered by the header's SHA-256 of the document, and its bond to
+the IR by ``ir_sha256``. The reader checks every field's
 type and every artifact's bounds here; an artifact's own digest is checked when it is used
 (``CompiledSection.artifact``), so loading a file for its IR reads no artifact byte.
 """
@@ -44,18 +50,19 @@ from __future__ import annotations
 
 import json
 import threading
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 from edgeinfer.errors import ModelFormatError
-from edgeinfer.format.document import DocumentReader, Finding, blake2b, sha256
+from edgeinfer.format.document import DocumentReader, Finding, sha256
 from edgeinfer.format.document import _value_doc as value_doc
 
 SECTION_VERSION = 1
 _FIELDS = ("version", "backends", "assignment", "executor", "threads", "machine", "engines", "digest", "parts",
            "artifacts", "auto")
-_ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes")  # and its digest: "blake2b" (3.6), "sha256" before
-DIGESTS = {"blake2b": "BLAKE2b-256", "sha256": "SHA-256"}  # an artifact's digest field -> its algorithm
+_ARTIFACT_FIELDS = ("kind", "facts", "offset", "nbytes")  # and its check: "crc32" (3.6), "sha256" before
+DIGESTS = {"crc32": "CRC-32", "sha256": "SHA-256"}  # an artifact's check field -> its algorithm
 _IO_FIELDS = ("name", "inputs", "outputs", "nodes")
 _PRECISION_FIELDS = ("precision", "engine_options", "error", "kept_fp32", "not_offered")
 PRECISION_OPTIONS = {"openvino": ("precision", "fp32_nodes"), "torch": ("precision", "fp32_nodes")}
@@ -70,9 +77,9 @@ class StoredArtifact:
     __slots__ = ("kind", "facts", "_data", "_read", "digest", "algorithm", "checked", "_found", "_error", "_loading")
 
     def __init__(self, kind: str, facts: dict[str, Any], data: Any, digest: str, checked: bool = False,
-                 read: Callable[[], Any] | None = None, algorithm: str = "blake2b") -> None:
+                 read: Callable[[], Any] | None = None, algorithm: str = "crc32") -> None:
         self.kind, self.facts, self.digest, self.checked = kind, facts, digest, checked
-        self.algorithm = algorithm  # "blake2b" (version 3.6) or "sha256" (a file of 3.3-3.5)
+        self.algorithm = algorithm  # "crc32" (version 3.6: an int) or "sha256" (a file of 3.3-3.5: hex)
         self._data, self._read = data, read
         self._found: str | None = None  # the digest of ``data``, once computed
         self._error: Exception | None = None  # why reading it failed
@@ -88,12 +95,12 @@ class StoredArtifact:
         self._ready()
         return self._found or self._digest_of(self._data)
 
-    def blake2b(self) -> str:
-        """Its BLAKE2b-256, as version 3.6 records it (a file of 3.3-3.5 recorded its SHA-256)."""
-        return self.digest if self.algorithm == "blake2b" else blake2b(self.data)
+    def crc32(self) -> int:
+        """Its CRC-32, as version 3.6 records it (a file of 3.3-3.5 recorded its SHA-256)."""
+        return self.digest if self.algorithm == "crc32" else zlib.crc32(self.data)
 
-    def _digest_of(self, data: Any) -> str:
-        return blake2b(data) if self.algorithm == "blake2b" else sha256(data).hexdigest()
+    def _digest_of(self, data: Any) -> Any:
+        return zlib.crc32(data) if self.algorithm == "crc32" else sha256(data).hexdigest()
 
     def _load(self) -> None:
         """Read its bytes and their digest (on ``read_ahead``'s thread, or where first asked)."""
@@ -116,7 +123,7 @@ class StoredArtifact:
 
 def read_ahead(artifacts: list[StoredArtifact]) -> None:
     """Read ``artifacts`` and compute their digests on a thread of their own: reading a file and
-    hashing (BLAKE2b) release the GIL, so a load goes on meanwhile (it imports the engine's module) and
+    checking (CRC-32) release the GIL, so a load goes on meanwhile (it imports the engine's module) and
     ``CompiledSection.artifact`` waits for them (``openwakeword``'s 0.4 MB to ``pose_landmark``'s
     13 MB flatbuffer: up to 20 ms of a 2-core cold start). Nothing reaches an engine unchecked."""
     if not artifacts:
@@ -169,10 +176,14 @@ class CompiledSection:
                 raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: {exc}") from None
             if found != stored.digest:
                 raise ModelFormatError(f"{self.source}: compiled.artifacts[{index}]: expected bytes of "
-                                       f"{DIGESTS[stored.algorithm]} {stored.digest[:16]}..., found {found[:16]}... "
+                                       f"{DIGESTS[stored.algorithm]} {_short(stored.digest)}, found {_short(found)} "
                                        "(changed after it was written)")
             stored.checked = True
         return stored
+
+
+def _short(digest: Any) -> str:
+    return f"{digest:08x}" if isinstance(digest, int) else f"{digest[:16]}..."
 
 
 def ir_digest(document: dict[str, Any]) -> str:
@@ -233,7 +244,7 @@ def section_document(section: CompiledSection, data_start: int) -> tuple[dict[st
         offset = -(-offset // _ALIGNMENT) * _ALIGNMENT
         nbytes = len(stored.data)
         entries.append({"kind": stored.kind, "facts": stored.facts, "offset": offset, "nbytes": nbytes,
-                        "blake2b": stored.blake2b()})
+                        "crc32": stored.crc32()})
         placed.append((offset, stored.data))
         offset += nbytes
     parts = [{**part, "inputs": [value_doc(v, "part input") for v in part["inputs"]],
@@ -364,7 +375,7 @@ def _precision(obj: Any, reader: DocumentReader, where: str) -> dict[str, Any] |
 
 def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[[int, int], Any], data_offset: int,
               data_length: int, tensors_end: int) -> StoredArtifact:
-    algorithm = "sha256" if isinstance(entry, dict) and "sha256" in entry and "blake2b" not in entry else "blake2b"
+    algorithm = "sha256" if isinstance(entry, dict) and "sha256" in entry and "crc32" not in entry else "crc32"
     entry = reader.fields(entry, where, (*_ARTIFACT_FIELDS, algorithm))
     if not isinstance(entry["facts"], dict):
         raise reader.fail(f"{where}.facts", "an object", entry["facts"])
@@ -373,7 +384,8 @@ def _artifact(entry: Any, where: str, reader: DocumentReader, data_at: Callable[
     if offset < tensors_end or offset + nbytes > data_length:
         raise reader.fail(where, f"bytes after the tensors (from {tensors_end}) within the {data_length}-byte "
                           "data section", Finding(f"{nbytes} bytes at offset {offset}"))
-    digest = reader.string(entry[algorithm], f"{where}.{algorithm}", non_empty=True)
+    digest = reader.integer(entry[algorithm], f"{where}.crc32", maximum=0xFFFFFFFF) if algorithm == "crc32" else \
+        reader.string(entry[algorithm], f"{where}.sha256", non_empty=True)
     start = data_offset + offset
     return StoredArtifact(reader.string(entry["kind"], f"{where}.kind"), entry["facts"], None, digest,
                           read=lambda: data_at(start, nbytes), algorithm=algorithm)

@@ -38,15 +38,13 @@ from edgeinfer.ir.dtypes import TypeSpec
 from edgeinfer.ir.graph import Graph, Node, Value
 
 TAG = "t"
-try:  # CPython's own SHA-256 and BLAKE2b: no OpenSSL to load (``_hashlib``: 3.3 ms of a device's cold start)
-    from _blake2 import blake2b as _blake2b
+try:  # CPython's own SHA-256: no OpenSSL to load (``_hashlib``: 3.3 ms of a device's cold start)
+    from _sha2 import sha256 as _builtin_sha256  # Python 3.12+
+except ImportError:
     try:
-        from _sha2 import sha256 as _builtin_sha256  # Python 3.12+
-    except ImportError:
         from _sha256 import sha256 as _builtin_sha256
-except ImportError:  # another Python implementation: hashlib's
-    from hashlib import blake2b as _blake2b
-    from hashlib import sha256 as _builtin_sha256
+    except ImportError:  # another Python implementation: hashlib's
+        from hashlib import sha256 as _builtin_sha256
 BUILTIN_SHA256_MAX = 512 << 10  # bytes hashed by the built-in SHA-256 (230 MB/s, the GIL held); OpenSSL's above
 
 
@@ -58,12 +56,6 @@ def sha256(data: bytes | memoryview = b"", size: int = 0) -> Any:
     import hashlib
 
     return hashlib.sha256(data)
-
-
-def blake2b(data: bytes | memoryview) -> str:
-    """The hex BLAKE2b-256 of ``data``: a compiled file's artifacts (version 3.6). Built into CPython
-    (no OpenSSL to load) and hashed with the GIL released, so read ahead on another thread."""
-    return _blake2b(data, digest_size=32).hexdigest()
 
 MAX_NESTING = limits.MAX_DOCUMENT_NESTING  # subgraphs inside subgraphs and lists inside lists, together
 MAX_DIM = 2**63 - 1  # a dim must fit ONNX's int64 dim_value

@@ -54,10 +54,10 @@ against the stored bytes themselves (a compiled model's cold start: 2.6 ms of re
 Version 3.5 (written instead now) also copies the graph's name, inputs, outputs and node count
 into the section (``io``): a device running the file from its artifacts reads the section alone
 and hashes the IR's bytes without parsing them (``format.lean``); a full load checks the copy.
-Version 3.6 (written instead now) records each artifact by its BLAKE2b-256 (``"blake2b"``) rather
-than its SHA-256 (``"sha256"``, still read): CPython hashes BLAKE2b itself with the GIL released,
-where SHA-256 at speed meant loading OpenSSL (3.3 ms of a device's cold start); the header's
-document checksum and ``ir_sha256`` stay SHA-256 (small inputs: CPython's built-in SHA-256).
+Version 3.6 (written instead now) checks each artifact's bytes by their CRC-32 (``"crc32"``) rather
+than their SHA-256 (``"sha256"``, still read; why in ``compiled.py``): SHA-256 at speed meant loading
+OpenSSL (3.3 ms of a device's cold start) and hashing megabytes beside the engine's import; the
+header's document checksum and ``ir_sha256`` stay SHA-256 (small inputs: CPython's built-in one).
 A compiled file's document is zlib-compressed whatever its size (read at every start, it inflates
 four times faster than xz, and a device imports no ``lzma``).
 
@@ -115,8 +115,8 @@ from edgeinfer.format.document import TensorTable, graph_to_document, metadata_t
 from edgeinfer.format.reading import (  # noqa: F401 - the reading half, also read from here
     _COMPILED_FIELD,
     ALIGNMENT,
-    BLAKE2_VERSION,
     COMPILED_VERSION,
+    CRC32_VERSION,
     FLAG_COMPRESSED_DOCUMENT,
     FLAG_XZ_DOCUMENT,
     FORMAT_NAME,
@@ -190,7 +190,7 @@ def save_model(model: Model, path: str | os.PathLike, progress: Steps | None = N
             document[_COMPILED_FIELD], artifacts, data_length = section_document(section, data_length)
             document[_COMPILED_FIELD]["ir_sha256"] = core_sha256(document)
             document[_COMPILED_FIELD]["io"] = io_document(graph_doc)
-            version = BLAKE2_VERSION
+            version = CRC32_VERSION
             document["version"] = list(version)
         else:
             log.warning("%s: the model's compiled section belongs to another IR; it is not written",

@@ -33,7 +33,7 @@ NARROW_STORAGE_VERSION = (3, 2)  # written instead when a tensor is stored narro
 COMPILED_VERSION = (3, 3)  # the first to hold a compiled section (compiled.py)
 STORED_IR_VERSION = (3, 4)  # written instead: the compiled section records ``ir_sha256`` too
 LEAN_VERSION = (3, 5)  # the compiled section copies the graph's inputs and outputs (``io``)
-BLAKE2_VERSION = (3, 6)  # written instead: as 3.5, each artifact recorded by its BLAKE2b-256 (not SHA-256)
+CRC32_VERSION = (3, 6)  # written instead: as 3.5, each artifact checked by its CRC-32 (not its SHA-256)
 READABLE_MINOR = {1: 0, 2: 0, 3: 6}  # major version this reader reads -> the newest minor it knows
 # dtype -> the narrower dtypes it may be stored as (version 3.2), narrowest first
 NARROWINGS = {"float32": ("float16",), "int32": ("int8", "int16"), "int64": ("int8", "int16", "int32")}

@@ -91,8 +91,8 @@ def test_loading_for_the_plan_reads_the_file_without_the_writer_or_a_map(compile
     assert "edgeinfer.format.reading" in modules
     assert not {"edgeinfer.format.eim", "edgeinfer.format.atomic", "edgeinfer.ir.mapped", "mmap",
                 "edgeinfer.api"} & modules
-    # version 3.6: the artifacts' BLAKE2b and the small SHA-256s are CPython's own, no OpenSSL loaded;
-    # the document is zlib's
+    # version 3.6: the artifacts' CRC-32 (zlib's) and the small SHA-256s (CPython's own): no OpenSSL
+    # loaded; the document is zlib's
     assert not {"hashlib", "_hashlib", "lzma", "edgeinfer.ir.weights"} & modules
 
 
@@ -186,7 +186,7 @@ def test_a_version_3_5_file_records_its_artifacts_by_sha256_and_is_still_checked
     document = parsed.document
     for entry in document["compiled"]["artifacts"]:
         start = entry["offset"]
-        del entry["blake2b"]
+        del entry["crc32"]
         entry["sha256"] = hashlib.sha256(parsed.data[start:start + entry["nbytes"]]).hexdigest()
     document["version"] = [3, 5]
     text = json.dumps(document, separators=(",", ":")).encode()
@@ -206,3 +206,17 @@ def test_a_version_3_5_file_records_its_artifacts_by_sha256_and_is_still_checked
     damaged.write_bytes(parsed.pack(json_bytes=lzma.compress(text, lzma.FORMAT_XZ), flags=XZ, minor=5))
     with pytest.raises(ModelFormatError, match="expected bytes of SHA-256"):
         read_compiled(damaged).section.artifact(0)
+
+
+def test_a_version_3_6_artifact_changed_by_one_byte_is_refused_by_its_crc32(compiled_file, tmp_path):
+    parsed = EimFile.read(compiled_file)
+    entry = parsed.document["compiled"]["artifacts"][0]
+    assert isinstance(entry["crc32"], int) and "sha256" not in entry
+    data = bytearray(parsed.data)
+    data[entry["offset"] + entry["nbytes"] // 3] ^= 0x01  # one bit
+    parsed.data = bytes(data)
+    path = tmp_path / "damaged.eim"
+    path.write_bytes(parsed.pack(json_bytes=parsed.json_bytes))
+    file = read_compiled(path)
+    with pytest.raises(ModelFormatError, match=f"expected bytes of CRC-32 {entry['crc32']:08x}, found"):
+        file.section.artifact(0)
