@@ -49,7 +49,6 @@ type and every artifact's bounds here; an artifact's own digest is checked when 
 from __future__ import annotations
 
 import json
-import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -71,10 +70,12 @@ _ALIGNMENT = 64
 
 class StoredArtifact:
     """An artifact as the file holds it: ``data`` its bytes (not yet checked), read from the file
-    when first asked (``read``), or by ``read_ahead``'s thread. Plain classes here and below: a
-    device's cold start reads this module and imports no ``dataclasses``."""
+    when first asked (``read``). Not read ahead on another thread: beside the engine's import the
+    two threads' page faults contend (hand_landmark_full's 5.5 MB: LiteRT's import 6.3 ms alone,
+    11.8-12.6 ms beside the read; the whole load 36 ms read in line, 38-45 ms ahead). Plain
+    classes here and below: a device's cold start reads this module and imports no ``dataclasses``."""
 
-    __slots__ = ("kind", "facts", "_data", "_read", "digest", "algorithm", "checked", "_found", "_error", "_loading")
+    __slots__ = ("kind", "facts", "_data", "_read", "digest", "algorithm", "checked", "_found", "_error")
 
     def __init__(self, kind: str, facts: dict[str, Any], data: Any, digest: str, checked: bool = False,
                  read: Callable[[], Any] | None = None, algorithm: str = "crc32") -> None:
@@ -83,7 +84,6 @@ class StoredArtifact:
         self._data, self._read = data, read
         self._found: str | None = None  # the digest of ``data``, once computed
         self._error: Exception | None = None  # why reading it failed
-        self._loading: threading.Thread | None = None  # the thread reading it ahead
 
     @property
     def data(self) -> Any:
@@ -103,7 +103,7 @@ class StoredArtifact:
         return zlib.crc32(data) if self.algorithm == "crc32" else sha256(data).hexdigest()
 
     def _load(self) -> None:
-        """Read its bytes and their digest (on ``read_ahead``'s thread, or where first asked)."""
+        """Read its bytes and their digest (where first asked)."""
         try:
             data = self._read() if self._read is not None else self._data
             self._found = self._digest_of(data)
@@ -112,31 +112,10 @@ class StoredArtifact:
             self._error = exc
 
     def _ready(self) -> None:
-        if self._loading is not None:
-            self._loading.join()
-            self._loading = None
-        elif self._read is not None:
+        if self._read is not None:
             self._load()
         if self._error is not None:
             raise ModelFormatError(f"the bytes of a compiled artifact cannot be read: {self._error}")
-
-
-def read_ahead(artifacts: list[StoredArtifact]) -> None:
-    """Read ``artifacts`` and compute their digests on a thread of their own: reading a file and
-    checking (CRC-32) release the GIL, so a load goes on meanwhile (it imports the engine's module) and
-    ``CompiledSection.artifact`` waits for them (``openwakeword``'s 0.4 MB to ``pose_landmark``'s
-    13 MB flatbuffer: up to 20 ms of a 2-core cold start). Nothing reaches an engine unchecked."""
-    if not artifacts:
-        return
-    thread = threading.Thread(target=_load_all, args=(list(artifacts),), name="edgeinfer-artifacts", daemon=True)
-    for stored in artifacts:
-        stored._loading = thread
-    thread.start()
-
-
-def _load_all(artifacts: list[StoredArtifact]) -> None:
-    for stored in artifacts:
-        stored._load()
 
 
 class CompiledSection:

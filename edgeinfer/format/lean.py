@@ -36,7 +36,6 @@ from edgeinfer.format.compiled import (
     bound_to_ir,
     check_io,
     io_nodes,
-    read_ahead,
     read_section,
 )
 from edgeinfer.format.document import _GRAPH_FIELDS, DocumentReader, sha256
@@ -176,7 +175,6 @@ def _read(fd: int, source: str, lean: bool) -> CompiledFile | None:
     inputs = reader.values(graph["inputs"], "document.graph.inputs")
     outputs = reader.values(graph["outputs"], "document.graph.outputs")
     check_io(section, name, inputs, outputs, source)
-    read_ahead(section.artifacts)  # checked when a part is built from one
     return CompiledFile(source, section, name, inputs, outputs, metadata, reader, table, header, initializers,
                         reader.str_map(graph["metadata"], "document.graph.metadata"))
 
@@ -231,7 +229,6 @@ def _read_lean(text: bytes, header: Header, source: str) -> CompiledFile | None:
         return CompiledFile(source, None, "", [], [], {}, reader, None, header, None, {})
     io = section.io
     _check_io_parts(io, section.parts, reader)
-    read_ahead(section.artifacts)
     return CompiledFile(source, section, io["name"], io["inputs"], io["outputs"], metadata, reader, None, header,
                         None, None)
 
@@ -260,7 +257,7 @@ def _checked_end(table: list[Any], header: Header, reader: DocumentReader) -> in
 
 
 def _read_at(source: str, start: int, nbytes: int) -> bytes:
-    """``nbytes`` of the file at ``start``, opened again (an artifact read ahead on another thread,
+    """``nbytes`` of the file at ``start``, opened again (an artifact read when its part is built,
     after the document's reader closed the file; a file replaced meanwhile fails its checksum)."""
     fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
