@@ -209,8 +209,9 @@ MODELS: list[RealModel] = [
         id="silero-vad/silero_vad", package="silero-vad", format="onnx", task="vad",
         source=lambda: model_file("silero-vad", SILERO + "silero_vad.onnx"),
         feeds=silero_feeds("silero_vad.onnx", sr=True),
-        note="spox; one If over the sample rate, subgraphs with LSTM state",
-        refuses={"tflite": "op If has no TFLite export rule", "tflite-export": "no TFLite export rule for this op"},
+        note="spox; one If over the sample rate, subgraphs with LSTM state (the tflite backend takes the Equal "
+             "that picks the branch, numpy the If)",
+        refuses={"tflite-export": "no TFLite export rule for this op"},
     ),
     RealModel(
         id="silero-vad/silero_vad_16k_op15", package="silero-vad", format="onnx", task="vad",
