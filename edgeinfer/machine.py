@@ -72,3 +72,10 @@ def features(flags: set[str], architecture: str | None = None) -> dict[str, bool
     architecture = (architecture or platform.machine()).lower()
     table = ARM_FEATURES if architecture.startswith(("arm", "aarch")) else X86_FEATURES
     return {label: any(flag in flags for flag in names) for label, names in table.items()}
+
+
+def machine_key() -> str:
+    """The CPU a compiled artifact is made for: architecture and the features that select kernels
+    (``runtime.aot``: an artifact made on another CPU is not used)."""
+    found = [label for label, present in features(cpu_flags()).items() if present]
+    return f"{platform.machine()} {','.join(found)}"

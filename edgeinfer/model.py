@@ -32,6 +32,7 @@ class Model:
         self.graph = graph
         self.metadata: dict[str, str] = dict(metadata or {})
         self.compiled: Any = None  # a compiled .eim's plan and artifacts (edgeinfer.format.compiled)
+        self.on_device: str | None = None  # the file a plan decided here is written back to (runtime.write_back)
 
     @property
     def inputs(self) -> list[TensorInfo]:

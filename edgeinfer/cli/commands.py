@@ -387,8 +387,12 @@ def run(model_path: Path, inputs: tuple[str, ...], image: dict, random_inputs: b
     _check_delegate_backends(backend_options, [asked])
     reduced = session_precision(model, precision, feeds, _all_from_files(model, inputs),
                                 lambda spec: _load_feeds(model, (spec,), False, 1, shape_specs, image=image))
-    with auto_progress(asked == "auto" or executor == "auto" or bool(reduced)):
-        session = ei.Session(model, backend=asked, threads=threads, device=device, executor=executor,
+    from edgeinfer.runtime.aot import DEFERRED_KEY
+
+    deferred = asked is None and DEFERRED_KEY in model.metadata  # compiled here by its first run, written back
+    with auto_progress(asked == "auto" or executor == "auto" or bool(reduced) or deferred):
+        session = ei.Session(model_path if deferred else model, backend=asked, threads=threads, device=device,
+                             executor=executor,
                              options=RunOptions(fallback=fallback, debug=profile or None, backend_options=backend_options, example_feeds=feeds),  # auto decides on these shapes, not on guessed dims
                              **reduced)
     to_stdout = json_path is not None and str(json_path) == "-"
@@ -835,10 +839,13 @@ main.add_command(quantize_command)
 @click.option("-i", "--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
               help="An example input to decide on (repeatable); a model with symbolic dims keeps them.")
 @click.option("--weights", type=click.Path(path_type=Path), help=WEIGHTS_HELP)
+@click.option("--on-device", is_flag=True,
+              help="Leave the plan to the device: its first Session decides (auto measured there) and writes the "
+                   "compiled file back in place of this one.")
 @precision_options
 @handle_errors
 def compile_command(model_path: Path, output: Path, backend: str, threads: int | None, shape_specs: tuple[str, ...],
-                    inputs: tuple[str, ...], weights: Path | None, precision: dict) -> None:
+                    inputs: tuple[str, ...], weights: Path | None, on_device: bool, precision: dict) -> None:
     """Compile MODEL ahead of time into one .eim: the plan (auto measured on this machine) and
     each part's engine-ready artifact, so a device loads it with no export and no measuring.
 
@@ -849,6 +856,14 @@ def compile_command(model_path: Path, output: Path, backend: str, threads: int |
 
     asked = parse_backend(backend)
     shapes = parse_shapes(shape_specs, input_names=[t.name for t in model.inputs], symbols=False)
+    if on_device:
+        if inputs or precision["precision"] != "fp32" or precision["samples"]:
+            raise InputError("compile --on-device: -i inputs and --precision/--sample are for compiling here; the "
+                             "device decides on its own inputs, in fp32")
+        ei.compile(model, output, backend=asked, threads=threads, shapes=shapes, on_device=True)
+        click.echo(f"wrote {output}: the IR, {output.stat().st_size / 2**20:.2f} MiB, to be compiled on the device by "
+                   f"its first Session (backend {backend}, written back in place where the file is writable)")
+        return
     feeds = _load_feeds(model, inputs, False, 1) if inputs else None
     reduced = session_precision(model, precision, feeds, True, lambda spec: _load_feeds(model, (spec,), False, 1))
     with auto_progress(asked == "auto" or bool(reduced)):

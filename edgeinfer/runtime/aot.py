@@ -15,7 +15,6 @@ have their recorded SHA-256; otherwise that part compiles from the IR, with one 
 from __future__ import annotations
 
 import os
-import platform
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,17 +22,11 @@ from typing import Any
 from edgeinfer.backend import Artifact, Backend
 from edgeinfer.errors import EdgeInferError, ModelFormatError
 from edgeinfer.log import get_logger
+from edgeinfer.machine import machine_key
 from edgeinfer.model import Model, TensorInfo
+from edgeinfer.runtime.write_back import DEFERRED_KEY, deferred_spec, write_back  # noqa: F401 - the Session's
 
 log = get_logger("edgeinfer.runtime.aot")
-
-
-def machine_key() -> str:
-    """The CPU an artifact is made for: architecture and the features that select kernels."""
-    from edgeinfer.machine import cpu_flags, features
-
-    found = [label for label, present in features(cpu_flags()).items() if present]
-    return f"{platform.machine()} {','.join(found)}"
 
 
 def section_for(backend: Any, executor: str, model: Any) -> Any:
@@ -120,15 +113,21 @@ class LazyModel(Model):
         return [TensorInfo(v.name, v.dtype, v.shape) for v in self.file.outputs]
 
 
-def resolve(model: Any, backend: Any, executor: str) -> tuple[Model, Any, Any, str]:
-    """What a Session asking for ``backend`` and ``executor`` runs: (model, the compiled section it
-    runs or None, backend, executor). ``backend=None``: a compiled file's own plan, else numpy."""
-    if not isinstance(model, Model):
-        model = open_model(model, backend, executor)
+def resolve(model: Any, backend: Any, executor: str, threads: int | None) -> tuple[Model, Any, Any, str, int | None]:
+    """What a Session asking for ``backend``, ``executor`` and ``threads`` runs: (model, the compiled
+    section it runs or None, backend, executor, threads). ``backend=None``: a compiled file's own plan,
+    a file left to be compiled on the device its deferred backend (``write_back``), else numpy."""
+    path = None if isinstance(model, Model) else model
+    if path is not None:
+        model = open_model(path, backend, executor)
+    if backend is None and DEFERRED_KEY in model.metadata:  # decided here; its plan written back to ``path``
+        spec = deferred_spec(model)
+        backend, threads = spec["backend"], spec["threads"] if threads is None else threads
+        model.on_device = None if path is None else os.fspath(path)
     section = section_for(backend, executor, model)
     if section is not None:
-        return model, section, section.backends, section.executor
-    return model, None, "numpy" if backend is None else backend, executor
+        return model, section, section.backends, section.executor, threads
+    return model, None, "numpy" if backend is None else backend, executor, threads
 
 
 def open_model(path: str | os.PathLike, backend: Any, executor: str) -> Model:

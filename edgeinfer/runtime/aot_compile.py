@@ -2,30 +2,39 @@
 
 Kept apart from ``aot`` because it opens a Session, which itself loads compiled files through
 ``aot``.
+
+``on_device=True`` (``edgeinfer compile --on-device``) leaves the plan to the device: the file holds
+the IR and what to compile it with (``aot.DEFERRED_KEY`` in its metadata); the first
+``Session("model.eim")`` there decides (``backend="auto"`` measured on the device itself) and writes
+its plan back (``write_back``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
-from edgeinfer.backend import Artifact
 from edgeinfer.errors import InputError
-from edgeinfer.runtime.aot import machine_key
+from edgeinfer.log import get_logger
+from edgeinfer.runtime.write_back import DEFERRED_KEY, section_of
+
+log = get_logger("edgeinfer.runtime.aot")
 
 
 def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto", threads: int | None = None,
                   executor: str = "sequential", shapes: dict[str, tuple] | None = None,
                   example_feeds: dict[str, Any] | None = None, options: Any = None, precision: str = "fp32",
-                  samples: Any = None, tolerance: Any = None) -> Any:
+                  samples: Any = None, tolerance: Any = None, on_device: bool = False) -> Any:
     """Write ``model`` (a ``Model`` or a model file) to ``output`` as a compiled ``.eim``: the plan
     a Session on this machine chooses (``backend="auto"``: measured here, on ``example_feeds``
     where given, else random data) and each part's artifact; returns the model as loaded from
     the file. ``shapes`` ({input: shape}) binds symbolic dims for good; without them a model with
     symbolic dims needs ``example_feeds``, and its plan and artifacts keep the symbolic dims.
     ``precision``, ``samples`` and ``tolerance`` are the Session's (``runtime.precision``): the
-    precision decided, its error against fp32 and the nodes kept fp32 are stored with the plan."""
+    precision decided, its error against fp32 and the nodes kept fp32 are stored with the plan.
+    ``on_device=True``: the plan is decided on the device at its first Session (module docstring)."""
     import numpy as np
 
     from edgeinfer.api import load_any
@@ -47,7 +56,10 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
                          "on (-i NAME=FILE.npy, ei.compile(..., example_feeds={...})) or static shapes "
                          "(--shape NAME:1x3x224x224, ei.compile(..., shapes={...}))")
     output = Path(output)
-    save_model(Model(model.graph, model.metadata), output)  # the IR alone; the plan is decided on it
+    if on_device:
+        return _deferred(model, output, backend, threads, executor, feeds, precision, samples, tolerance)
+    metadata = {k: v for k, v in model.metadata.items() if k != DEFERRED_KEY}
+    save_model(Model(model.graph, metadata), output)  # the IR alone; the plan is decided on it
     loaded = load_model(output)
     opts = gather(options)
     if feeds is not None:
@@ -57,7 +69,7 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
         {"precision": precision, "samples": samples, "tolerance": tolerance}
     with Session(loaded, backend=backend, threads=threads, executor=executor, options=opts, **reduced) as session:
         plan = session.compiled_plan(run_feeds)
-        loaded.compiled = _section(plan, threads, output)
+        loaded.compiled = section_of(plan, threads, output)
     save_model(loaded, output)
     choice = plan.auto_choice
     if choice is not None and opts.auto.cold_start and choice.native not in (None, ",".join(choice.backends)):
@@ -115,6 +127,23 @@ def _weigh_cold_start(model: Any, choice: Any, output: Path, *, threads: int | N
         next_path.unlink(missing_ok=True)
 
 
+def _deferred(model: Any, output: Path, backend: Any, threads: int | None, executor: str, feeds: Any,
+              precision: str, samples: Any, tolerance: Any) -> Any:
+    """The IR and what to compile it with on the device (``DEFERRED_KEY``)."""
+    from edgeinfer.format.eim import load_model, save_model
+    from edgeinfer.model import Model
+
+    names = [backend] if isinstance(backend, str) else list(backend) if isinstance(backend, (list, tuple)) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise InputError(f"compile on the device: backend {backend!r}: expected a name, 'auto' or a list of names")
+    if feeds is not None or precision != "fp32" or samples is not None or tolerance is not None:
+        raise InputError("compile on the device: example inputs and a precision decided on samples are for "
+                         "compiling here; the device decides on its own inputs (fp32)")
+    spec = {"backend": names[0] if isinstance(backend, str) else names, "threads": threads, "executor": executor}
+    save_model(Model(model.graph, {**model.metadata, DEFERRED_KEY: json.dumps(spec, sort_keys=True)}), output)
+    return load_model(output)
+
+
 def _runner_up(choice: Any) -> str | None:
     """The fastest warm candidate after the winner that is not the native engine and beats it by
     auto's margin (``auto.NATIVE_MARGIN``), if any."""
@@ -126,50 +155,6 @@ def _runner_up(choice: Any) -> str | None:
     return others[0] if others else None
 
 
-def _section(plan: Any, threads: int | None, output: Path) -> Any:
-    """The compiled section of ``plan``: its placement and each part's artifact."""
-    from edgeinfer.format.compiled import CompiledSection, StoredArtifact
-    from edgeinfer.format.eim import document_digest
-
-    artifacts: list[StoredArtifact] = []
-    parts = []
-    for compiled_part in getattr(plan.runner, "parts", []):
-        part = compiled_part.part
-        made = compiled_part.first.artifact(part.graph)
-        index = None
-        if made is not None:  # bound to its part's inputs and outputs (aot checks them at load)
-            index = len(artifacts)
-            artifacts.append(_stored(made, {"inputs": list(part.inputs), "outputs": list(part.outputs)}))
-        parts.append({"backend": part.backend, "nodes": list(part.nodes), "artifact": index,
-                      "inputs": list(part.graph.inputs), "outputs": list(part.graph.outputs)})
-    choice = plan.auto_choice
-    auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
-                                        "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}
-    names = choice.backends if choice is not None else [b.name for b in plan.backends]
-    engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
-    return CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads, machine_key(),
-                           engines, document_digest(output), parts, artifacts, auto, os.fspath(output),
-                           _precision(plan))
-
-
-def _precision(plan: Any) -> dict[str, Any] | None:
-    """What the plan computes in, where not all fp32: auto's decision (its figures against fp32),
-    or the precision options of the engines it was given (``compiled.PRECISION_OPTIONS``)."""
-    from edgeinfer.format.compiled import PRECISION_OPTIONS
-
-    choice = plan.auto_choice
-    if choice is not None and (choice.precision != "fp32" or choice.precision_notes or choice.errors):
-        return choice.precision_record()
-    given = {b.name: {k: v for k, v in getattr(b, "engine_options", {}).items() if k in PRECISION_OPTIONS[b.name]}
-             for b in plan.backends if b.name in PRECISION_OPTIONS}
-    given = {name: values for name, values in given.items() if values}
-    if not given:
-        return None
-    words = {str(v.get("precision")) for v in given.values()}
-    return {"precision": ",".join(sorted(words)), "engine_options": given, "error": {}, "kept_fp32": [],
-            "not_offered": {}}
-
-
 def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
     """``model`` with the given static input shapes, types inferred again."""
     from edgeinfer.api import redeclare_inputs
@@ -179,12 +164,3 @@ def _bound(model: Any, shapes: dict[str, tuple]) -> Any:
     graph = infer_types(redeclare_inputs(model.graph, dict(shapes), False))
     graph.verify()
     return Model(graph, model.metadata)
-
-
-def _stored(artifact: Artifact, part: dict[str, list[str]]) -> Any:
-    import zlib
-
-    from edgeinfer.format.compiled import StoredArtifact
-
-    data = bytes(artifact.data)
-    return StoredArtifact(artifact.kind, {**artifact.facts, "part": part}, data, zlib.crc32(data), True)

@@ -20,7 +20,7 @@ from edgeinfer.backend import Executable, check_device
 from edgeinfer.errors import BackendError, InputError, SchedulerError
 from edgeinfer.log import get_logger
 from edgeinfer.model import Model, TensorInfo
-from edgeinfer.runtime.aot import resolve
+from edgeinfer.runtime.aot import resolve, write_back
 from edgeinfer.runtime.executors import DagExecutor
 from edgeinfer.runtime.feeds import FeedChecker, Signature, select_outputs
 from edgeinfer.runtime.futures import chain
@@ -67,7 +67,7 @@ class Session:
 
         opts, engine_options = from_keywords(*precision_keywords(gather(options), dict(engine_options), backend))
         # a compiled .eim whose plan is what is asked: its plan, its graph not read (aot.resolve)
-        model, section, backend, executor = resolve(model, backend, executor)
+        model, section, backend, executor, threads = resolve(model, backend, executor, threads)
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise BackendError(f"threads must be a positive integer, got {threads!r}")
         run, stream = opts.run, opts.stream
@@ -112,6 +112,8 @@ class Session:
                 plan = self._plan_for(sample)
                 if self._checker.static:  # static inputs: no other signature can come
                     self._single = plan
+        if getattr(model, "on_device", None) is not None:  # a file left to be compiled here: its plan written back
+            write_back(model, self._single, self.threads)
         # what ``run`` hands checked feeds to: the one plan (its ``run`` is the engine's once
         # proven), or None where the plan depends on the request (signatures, Ray)
         self._fast = self._single if self._ray is None else None

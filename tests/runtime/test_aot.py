@@ -353,3 +353,49 @@ def test_a_winner_that_starts_too_slowly_gives_way_to_the_next_candidate(source,
     assert [p.name for p in tmp_path.iterdir()] == ["a.eim"]
     with ei.Session(path) as session:
         assert_close(session.run(feeds)["logits"], expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_file_left_to_the_device_is_compiled_by_its_first_session_and_written_back(source, feeds, expected,
+                                                                                      tmp_path, caplog):
+    path = tmp_path / "device.eim"
+    written = ei.compile(ei.convert(source), path, backend=["onnxruntime", "tflite"], threads=1, on_device=True)
+    assert written.compiled is None and "edgeinfer.compile_on_device" in written.metadata
+    with caplog.at_level(logging.INFO, logger="edgeinfer.runtime.aot"), ei.Session(path) as session:
+        first = session.run(feeds)
+    assert any("compiled on the device" in r.getMessage() and "written back" in r.getMessage()
+               for r in caplog.records)
+    back = ei.load(path)
+    assert back.compiled is not None and back.compiled.backends[0] == "onnxruntime"
+    assert "edgeinfer.compile_on_device" not in back.metadata and back.compiled.threads == 1
+    assert all(part["artifact"] is not None for part in back.compiled.parts)
+    with ei.Session(path) as again:  # every later start: the stored plan, from its artifacts
+        assert type(again._single).__name__ == "LeanCompiledPlan"
+        second = again.run(feeds)
+    for got in (first, second):
+        for value, want in zip(got.values(), expected):
+            assert_close(value, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_read_only_file_left_to_the_device_is_decided_in_memory_and_left_as_it_was(source, feeds, expected,
+                                                                                      tmp_path, caplog, monkeypatch):
+    import os
+
+    from edgeinfer.runtime import write_back
+
+    path = tmp_path / "device.eim"
+    ei.compile(ei.convert(source), path, backend="onnxruntime", threads=1, on_device=True)
+    before = path.read_bytes()
+    # as a user who may not write there (root writes read-only files: the check is os.access's)
+    monkeypatch.setattr(write_back.os, "access", lambda p, mode: not mode & os.W_OK)
+    with caplog.at_level(logging.WARNING), ei.Session(path) as session:
+        got = session.run(feeds)
+    assert session.backend_name == "onnxruntime"
+    assert any("not written back: the file or its folder is read-only" in r.getMessage() for r in caplog.records)
+    assert path.read_bytes() == before
+    for value, want in zip(got.values(), expected):
+        assert_close(value, want, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_on_device_refuses_inputs_that_are_for_compiling_here(source, feeds, tmp_path):
+    with pytest.raises(ei.EdgeInferError, match="the device decides on its own inputs"):
+        ei.compile(ei.convert(source), tmp_path / "x.eim", backend="auto", example_feeds=feeds, on_device=True)

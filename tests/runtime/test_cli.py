@@ -160,3 +160,29 @@ def test_compile_writes_a_file_that_run_uses_as_it_is(tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "got" / "logits.npy"), expected, rtol=1e-4, atol=1e-5)
     bad = runner.invoke(main, ["compile", str(sample / "sample_cnn.onnx"), "-o", str(tmp_path / "x.onnx")])
     assert bad.exit_code == 2 and "expected a path ending in .eim" in bad.output
+
+
+def test_compile_on_device_leaves_the_plan_to_the_devices_first_run(tmp_path):
+    """``edgeinfer compile --on-device``: the IR; the first ``edgeinfer run`` decides there and
+    writes the compiled file back; -i inputs are refused (the device decides on its own)."""
+    from pathlib import Path
+
+    runner = CliRunner()
+    sample = Path(__file__).resolve().parents[2] / "models"
+    out = tmp_path / "device.eim"
+    done = runner.invoke(main, ["compile", str(sample / "sample_cnn.onnx"), "-o", str(out), "--backend",
+                                "onnxruntime", "--on-device"])
+    assert done.exit_code == 0, done.output
+    assert "to be compiled on the device" in done.output and ei.load(out).compiled is None
+    ran = runner.invoke(main, ["run", str(out), "-i", f"input={sample / 'sample_input.npy'}", "--output-dir",
+                               str(tmp_path / "got"), "--repeat", "1"])
+    assert ran.exit_code == 0, ran.output
+    assert ei.load(out).compiled.backends[0] == "onnxruntime"
+    import onnxruntime as ort
+
+    x = np.load(sample / "sample_input.npy")
+    expected = ort.InferenceSession(str(sample / "sample_cnn.onnx")).run(None, {"input": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "got" / "logits.npy"), expected, rtol=1e-4, atol=1e-5)
+    bad = runner.invoke(main, ["compile", str(sample / "sample_cnn.onnx"), "-o", str(out), "--on-device", "-i",
+                               f"input={sample / 'sample_input.npy'}"])
+    assert bad.exit_code == 2 and "the device decides on its own inputs" in bad.output
