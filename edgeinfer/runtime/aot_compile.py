@@ -146,13 +146,12 @@ def _deferred(model: Any, output: Path, backend: Any, threads: int | None, execu
 
 def _runner_up(choice: Any) -> str | None:
     """The fastest warm candidate after the winner that is not the native engine and beats it by
-    the margin auto's choice was made with (``auto_choice.noise_margin``), if any."""
-    from edgeinfer.runtime.auto_choice import NATIVE_MARGIN
+    auto's margin (``auto.NATIVE_MARGIN``), if any."""
+    from edgeinfer.runtime.auto import NATIVE_MARGIN
 
-    margin = getattr(choice, "margin", NATIVE_MARGIN)
     medians, winner, native = choice.median_ms, ",".join(choice.backends), choice.native
     others = [label for label in sorted(medians, key=medians.get) if label not in (winner, native)
-              and native in medians and medians[native] > medians[label] * (1 + margin)]
+              and native in medians and medians[native] > medians[label] * (1 + NATIVE_MARGIN)]
     return others[0] if others else None
 
 

@@ -3,7 +3,7 @@ the fastest candidate, except that the native engine is kept within ``NATIVE_MAR
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ _CLOSE = 1.05  # two candidates within 5% are timed again before one is chosen
 # file; a rerun kept LiteRT at 1.00x.
 NATIVE_MARGIN = 0.10
 NATIVE_ENGINES = {"tflite": "tflite", "onnx": "onnxruntime", "pytorch": "torch"}  # source_format -> backend
-RULE = "native-kept-within-its-noise"  # how the winner is picked; in the cache key: older choices measured again
+RULE = "native-kept-within-10%"  # how the winner is picked; in the cache key, so older choices are measured again
 
 
 @dataclass
@@ -38,7 +38,6 @@ class AutoChoice:
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # reduced candidate -> output -> figures vs fp32
     precision_notes: dict[str, str] = field(default_factory=dict)  # configuration -> not offered, dropped or slower: why
     kept_fp32: dict[str, list[str]] = field(default_factory=dict)  # mixed candidate -> the nodes kept fp32
-    margin: float = NATIVE_MARGIN  # how much faster than the native engine a candidate had to be (``noise_margin``)
     # the winner as measured (backends, plan, sequential runner), so Session need not compile it again
     prepared: tuple[Any, Any, Any] | None = field(default=None, repr=False)
 
@@ -105,24 +104,6 @@ def decide(medians: Mapping[str, float], native: str | None = None,
                          f"(over the {margin:.0%} margin)")
     return native, (f"the native engine, kept: {fastest} is only {ratio:.3f}x faster "
                     f"(within the {margin:.0%} margin)")
-
-
-NOISE_MARGIN_MAX = 0.25  # the native engine's own spread widens its margin up to this
-
-
-def noise_margin(native_samples: Sequence[float] | None) -> float:
-    """The margin a candidate must beat the native engine by: ``NATIVE_MARGIN``, or the spread of the
-    native engine's own timed calls where that is wider (their interquartile range over their median,
-    at most ``NOISE_MARGIN_MAX``): a choice within the noise of the native engine keeps it. On a
-    loaded machine DenseNet-121's TFLite plan came 8.7-16.5% faster than onnxruntime's from run to
-    run, either side of a fixed 10%, and the choice flipped."""
-    if not native_samples or len(native_samples) < 4:
-        return NATIVE_MARGIN
-    ordered = sorted(native_samples)
-    quarter = len(ordered) // 4
-    middle = ordered[len(ordered) // 2]
-    spread = (ordered[-1 - quarter] - ordered[quarter]) / middle if middle > 0 else 0.0
-    return min(max(NATIVE_MARGIN, spread), NOISE_MARGIN_MAX)
 
 
 def decisive_pair(medians: Mapping[str, float], native: str | None) -> tuple[str, str] | None:

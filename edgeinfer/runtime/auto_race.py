@@ -176,14 +176,13 @@ def _race(ready: dict[str, Any], feeds: dict[str, Any], native_label: str | None
     medians = timed.medians_ms()
     progress.info("timed %s", ", ".join(f"{label} ({ms:.3g} ms)" for label, ms in sorted(medians.items(),
                                                                                         key=lambda item: item[1])))
-    margin = auto_choice.noise_margin(timed.times.get(native_label) if native_label else None)
-    winner, reason = auto_choice.decide(medians, native_label, margin)
+    winner, reason = auto_choice.decide(medians, native_label)
     for label, runner in runners.items():
         if label != winner:
             runner.close()
     log.info("backend='auto' timings (median ms): %s -> %s (%s)", medians, winner, reason)
     names, backends, plan, runner, _ = ready[winner]
-    return AutoChoice(names, median_ms=medians, skipped=skipped, native=native_label, reason=reason, margin=margin,
+    return AutoChoice(names, median_ms=medians, skipped=skipped, native=native_label, reason=reason,
                       repartitions={label: e[4] for label, e in ready.items() if e[4]},
                       prepared=(backends, plan, runner)), winner
 

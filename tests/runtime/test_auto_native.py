@@ -83,22 +83,6 @@ def test_the_native_engine_is_kept_unless_another_is_faster_by_the_margin(others
     assert auto.decide(medians, None)[0] == min(medians, key=medians.get)
 
 
-def test_the_native_engines_own_noise_widens_the_margin():
-    """Steady native timings: auto's 10%; timings that spread (a loaded machine) widen the margin to
-    their interquartile range over the median, up to 25%: a candidate within that noise does not win."""
-    from edgeinfer.runtime.auto_choice import NATIVE_MARGIN, NOISE_MARGIN_MAX, noise_margin
-
-    steady = [10.0, 10.1, 9.9, 10.0, 10.05, 9.95, 10.0, 10.0]
-    spread = [7.0, 8.0, 9.0, 10.0, 10.0, 11.0, 12.0, 13.0]  # quartiles 9.0 and 11.0 around 10
-    assert noise_margin(steady) == NATIVE_MARGIN and noise_margin(None) == NATIVE_MARGIN
-    assert noise_margin(spread) == pytest.approx(0.2)
-    assert noise_margin([1.0, 1.0, 3.0, 3.0, 3.0, 1.0]) == NOISE_MARGIN_MAX
-    medians = {"onnxruntime,numpy": 10.0, "tflite,numpy": 8.6}  # 16% faster
-    assert auto.decide(medians, "onnxruntime,numpy", noise_margin(steady))[0] == "tflite,numpy"
-    chosen, why = auto.decide(medians, "onnxruntime,numpy", noise_margin(spread))
-    assert chosen == "onnxruntime,numpy" and "within the 20% margin" in why
-
-
 @pytest.fixture(scope="module")
 def onnx_model():
     return ei.convert(zoo.cnn_residual_depthwise(seed=2))
