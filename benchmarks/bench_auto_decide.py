@@ -71,7 +71,7 @@ def decide_runs(entry: Any, runs: int, threads: int, folder: Path) -> dict[str, 
         found.append({"s": time.perf_counter() - start, "choice": ",".join(compiled.compiled.backends),
                       "warm_winner": ",".join(auto.get("warm_winner", auto["backends"])),
                       "median_ms": auto["median_ms"], "first_result_s": auto.get("first_result_s"),
-                      "reason": auto["reason"]})
+                      "reason": auto["reason"], "skipped": auto.get("skipped", {})})
     return {"feeds": feeds, "path": path, "runs": found}
 
 

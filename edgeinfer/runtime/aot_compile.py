@@ -120,7 +120,7 @@ def _weigh_cold_start(model: Any, choice: Any, output: Path, *, threads: int | N
         written.compiled.auto = {"backends": chosen if kept else choice.native.split(","), "reason": reason,
                                  "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()},
                                  "first_result_s": {k: v if v != float("inf") else None for k, v in cold.items()},
-                                 "warm_winner": choice.backends}
+                                 "warm_winner": choice.backends, "skipped": dict(choice.skipped)}
         save_model(written, output)
     finally:
         native_path.unlink(missing_ok=True)

@@ -91,7 +91,8 @@ def section_of(plan: Any, threads: int | None, output: Path) -> Any:
                       "inputs": list(part.graph.inputs), "outputs": list(part.graph.outputs)})
     choice = plan.auto_choice
     auto = None if choice is None else {"backends": choice.backends, "reason": choice.reason,
-                                        "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()}}
+                                        "median_ms": {k: round(v, 6) for k, v in choice.median_ms.items()},
+                                        "skipped": dict(choice.skipped)}  # the candidates not timed, and why
     names = choice.backends if choice is not None else [b.name for b in plan.backends]
     engines = {b.name: v for b in plan.backends if (v := b.engine_version()) is not None}
     return CompiledSection(list(names), list(plan.plan.assignment.backends), plan.executor, threads, machine_key(),

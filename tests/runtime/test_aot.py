@@ -114,6 +114,10 @@ def test_auto_decides_at_compile_time_and_the_device_does_not_measure(source, fe
     model = ei.compile(ei.convert(source), path, backend="auto", threads=1, options=ei.AutoOptions(cache=False))
     assert model.compiled.auto["backends"] == model.compiled.backends
     assert set(model.compiled.auto["median_ms"]) >= {"onnxruntime,numpy"}
+    # every candidate is timed or said why not (the race's pruning, recorded for the benchmark)
+    skipped = model.compiled.auto["skipped"]
+    assert isinstance(skipped, dict) and all(isinstance(why, str) and why for why in skipped.values())
+    assert not set(skipped) & set(model.compiled.auto["median_ms"])
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("auto measured again on the device")
