@@ -38,9 +38,8 @@ against the graph itself. Since version 3.6 an artifact's bytes are checked by t
 (``"crc32"``; their SHA-256 before, ``"sha256"``, still read): the check is against accidental
 change (a damaged, truncated or partly copied file; an artifact moved to another part), which a
 CRC-32 catches as a cryptographic hash does (a file's author can write either to match any bytes),
-at 3 GB/s where BLAKE2b runs at 0.7 and OpenSSL's SHA-256 costs 3.3 ms to load: hand_landmark_full's
-5.5 MB flatbuffer, read ahead beside LiteRT's import, took 9-10 ms to hash with BLAKE2b, 1.5-2.4 ms
-with CRC-32. The section itself is covered by the header's SHA-256 of the document, and its bond to
+and faster: hand_landmark_full's 5.5 MB flatbuffer in 1.3 ms, where BLAKE2b takes 6.8 and
+OpenSSL's SHA-256 3.6 after 2.9 ms to import it (``benchmarks/bench_lean_load.py``). The section itself is covered by the header's SHA-256 of the document, and its bond to
 the IR by ``ir_sha256``. The reader checks every field's
 type and every artifact's bounds here; an artifact's own digest is checked when it is used
 (``CompiledSection.artifact``), so loading a file for its IR reads no artifact byte.

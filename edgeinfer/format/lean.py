@@ -83,8 +83,8 @@ class CompiledFile:
         """The initializers ``names`` as the loaded graph holds them (stored narrow: widened)."""
         if not names:
             return {}
-        if self._initializers is None:  # read without its IR (``_read_lean``): the IR parsed now
-            self._read_ir()
+        if self._initializers is None:  # read lean, which no file whose artifacts read initializers is
+            raise ModelFormatError(f"{self.source}: read without its IR, asked for initializers {names[:3]}")
         wanted = [name for name in names if name in self._initializers]
         if not wanted:
             return {}
@@ -94,15 +94,6 @@ class CompiledFile:
 
         found = {name: self._reader.tensors[self._initializers[name]] for name in wanted}
         return widen_stored(found, self._graph_metadata)
-
-    def _read_ir(self) -> None:
-        """The tensor table, initializers and graph metadata of a file read without its IR."""
-        full = read_compiled(self.source, lean=False)
-        if full is None or full.section.ir_sha256 != self.section.ir_sha256 or full._header != self._header:
-            raise ModelFormatError(f"{self.source}: the file changed since it was opened: expected the compiled "
-                                   "model it held")
-        self._reader, self._table = full._reader, full._table
-        self._initializers, self._graph_metadata = full._initializers, full._graph_metadata
 
     def _map_tensors(self) -> list[np.ndarray]:
         from edgeinfer.format.eim import close_map, map_file
@@ -118,25 +109,23 @@ class CompiledFile:
             close_map(mapped)  # closes once no tensor view is left
 
 
-def read_compiled(path: str | os.PathLike, *, lean: bool = True) -> CompiledFile | None:
+def read_compiled(path: str | os.PathLike) -> CompiledFile | None:
     """The compiled file at ``path`` without its graph; None where ``path`` is no ``.eim`` file that
-    can be opened (its loader then says why), holds no compiled section or one of another IR.
-    ``lean=False``: the document parsed whole (tensor table and initializers checked) whatever its
-    version."""
+    can be opened (its loader then says why), holds no compiled section or one of another IR."""
     try:
         source = source_path(path)
         fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     except (ModelFormatError, OSError, ValueError):
         return None
     try:
-        return _read(fd, source, lean)
+        return _read(fd, source)
     except RecursionError:
         raise ModelFormatError(f"{source}: the document nests too deeply to read") from None
     finally:
         os.close(fd)
 
 
-def _read(fd: int, source: str, lean: bool) -> CompiledFile | None:
+def _read(fd: int, source: str) -> CompiledFile | None:
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         return None
@@ -147,10 +136,10 @@ def _read(fd: int, source: str, lean: bool) -> CompiledFile | None:
     if (header.major, header.minor) < COMPILED_VERSION:
         return None
     text = stored_document(_pread(fd, header.json_length, HEADER_SIZE), header, source)
-    if lean and (header.major, header.minor) >= LEAN_VERSION:
+    if (header.major, header.minor) >= LEAN_VERSION:
         found = _read_lean(text, header, source)
         if found is not None:
-            return found if found.section is not None else None
+            return None if found is _STALE else found
     document = parse_document(text, header, source)
     keys = list(document)
     reader, document, compiled = checked_document(document, header, source)
@@ -179,14 +168,15 @@ def _read(fd: int, source: str, lean: bool) -> CompiledFile | None:
                         reader.str_map(graph["metadata"], "document.graph.metadata"))
 
 
+_STALE = object()  # ``_read_lean``: the section was made from another IR
 _HEAD = '{"format":' + json.dumps(FORMAT_NAME) + ',"version":'
 _METADATA, _TENSORS, _COMPILED = ',"metadata":', ',"tensors":', ',"compiled":'
 
 
-def _read_lean(text: bytes, header: Header, source: str) -> CompiledFile | None:
+def _read_lean(text: bytes, header: Header, source: str) -> CompiledFile | object | None:
     """A version 3.5 document as ``save_model`` writes it, its IR hashed and not parsed (see the
     module docstring); None where it is stored otherwise (the whole document is parsed then).
-    A CompiledFile whose ``section`` is None: a section of another IR (said once)."""
+    ``_STALE``: a section of another IR (said once)."""
     if not text.isascii() or not text.startswith(_HEAD.encode()):  # the writer escapes to ASCII
         return None
     string = text.decode("ascii")
@@ -226,7 +216,7 @@ def _read_lean(text: bytes, header: Header, source: str) -> CompiledFile | None:
     digest.update(b"}")
     if digest.hexdigest() != section.ir_sha256:
         stale(section, source)
-        return CompiledFile(source, None, "", [], [], {}, reader, None, header, None, {})
+        return _STALE
     io = section.io
     _check_io_parts(io, section.parts, reader)
     return CompiledFile(source, section, io["name"], io["inputs"], io["outputs"], metadata, reader, None, header,

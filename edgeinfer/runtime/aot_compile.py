@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edgeinfer.errors import InputError
-from edgeinfer.log import get_logger
-from edgeinfer.runtime.write_back import DEFERRED_KEY, section_of
-
-log = get_logger("edgeinfer.runtime.aot")
+from edgeinfer.runtime.write_back import DEFERRED_KEY, section_of, without_deferred
 
 
 def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto", threads: int | None = None,
@@ -58,8 +55,7 @@ def compile_model(model: Any, output: str | os.PathLike, *, backend: Any = "auto
     output = Path(output)
     if on_device:
         return _deferred(model, output, backend, threads, executor, feeds, precision, samples, tolerance)
-    metadata = {k: v for k, v in model.metadata.items() if k != DEFERRED_KEY}
-    save_model(Model(model.graph, metadata), output)  # the IR alone; the plan is decided on it
+    save_model(Model(model.graph, without_deferred(model.metadata)), output)  # the IR alone; the plan is decided on it
     loaded = load_model(output)
     opts = gather(options)
     if feeds is not None:

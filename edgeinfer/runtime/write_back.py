@@ -48,10 +48,15 @@ def deferred_spec(model: Any) -> dict[str, Any] | None:
     return {"backend": backend, "threads": threads, "executor": spec.get("executor", "sequential")}
 
 
+def without_deferred(metadata: dict[str, str]) -> dict[str, str]:
+    """``metadata`` without what to compile the model with on the device (a compiled file's)."""
+    return {k: v for k, v in metadata.items() if k != DEFERRED_KEY}
+
+
 def write_back(model: Any, plan: Any, threads: int | None) -> None:
     """Write ``plan`` (a Session's, decided on the device) into ``model.on_device`` (the file it was
     read from, left to be compiled on the device) in place of the IR-only file, where it can."""
-    from edgeinfer.format.eim import load_model, save_model
+    from edgeinfer.format.eim import save_model
     from edgeinfer.model import Model
 
     source = Path(model.on_device)
@@ -59,18 +64,17 @@ def write_back(model: Any, plan: Any, threads: int | None) -> None:
     if why is None and not (os.access(source, os.W_OK) and os.access(source.parent, os.W_OK | os.X_OK)):
         why = "the file or its folder is read-only"
     if why is None:
-        plain = Model(model.graph, {k: v for k, v in model.metadata.items() if k != DEFERRED_KEY})
+        plain = Model(model.graph, without_deferred(model.metadata))
         try:
             save_model(plain, source)  # the IR alone first: the section is bound to its stored digest
-            written = load_model(source)
-            written.compiled = section_of(plan, threads, source)
-            save_model(written, source)
+            plain.compiled = section_of(plan, threads, source)
+            save_model(plain, source)
         except OSError as exc:  # the folder filled up, the file is held open elsewhere (Windows)
             why = str(exc)
     if why is not None:
         log.warning("%s: compiled on the device in memory, not written back: %s", source, why)
     else:
-        log.info("%s: compiled on the device (%s) and written back", source, ",".join(written.compiled.backends))
+        log.info("%s: compiled on the device (%s) and written back", source, ",".join(plain.compiled.backends))
 
 
 def section_of(plan: Any, threads: int | None, output: Path) -> Any:
