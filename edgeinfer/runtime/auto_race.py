@@ -167,7 +167,7 @@ def _race(ready: dict[str, Any], feeds: dict[str, Any], native_label: str | None
         timed = race({label: (lambda r=r: r.run(feeds)) for label, r in runners.items()}, drop_factor=_DROP_FACTOR,
                      protected=native_label, budget_s=_TIME_BUDGET_S if budget_s is None else budget_s,
                      probe_factor=_PROBE_FACTOR,
-                     again=lambda medians: auto_choice.decisive_pair(medians, native_label))
+                     again=lambda times: auto_choice.decisive(times, native_label))
     except BaseException:
         for runner in runners.values():
             runner.close()

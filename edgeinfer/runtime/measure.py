@@ -13,8 +13,9 @@ what is timed here, with the same rules:
   than ``probe_factor`` times the best (numpy on a big net costs one call, not seconds of
   warm-up); after a short first round, one slower than ``drop_factor`` times the best is
   dropped and, of more than two left, the slower half (successive halving; never the
-  ``protected`` one); the rest are timed within a budget, and two that end up near the bar that
-  decides between them are timed again;
+  ``protected`` one, nor one within the first rounds' noise of it); the rest are timed within a
+  budget, and those that end up near the bar that decides between them (within 5%, or within
+  the spread of the rounds) are timed again, pass after pass while they are, within a budget;
 - single costs (a node, a stage) are the fastest of a few calls (``best_time``: the least
   disturbed by the machine), throughputs the best of alternating rounds (``best_rates``).
 """
@@ -31,10 +32,14 @@ from typing import Any
 from edgeinfer.backend import Backend, CompileOptions
 from edgeinfer.ir import Graph
 from edgeinfer.runtime.parts import close_executable, engine_compile
-from edgeinfer.timing import BLAS_SPIN_S, time_engines
+from edgeinfer.timing import BLAS_SPIN_S, ENGINE_BLOCK, time_engines
 
 WARM_S = 0.2  # untimed calls per contender before timing, at most (a big model stops at one)
-FIRST_CALLS = 5  # timed calls per contender in a race's first, pruning round
+FIRST_CALLS = 2 * ENGINE_BLOCK  # timed calls per contender in a race's first, pruning round: two rounds
+# a contender within this of ``protected`` in the first rounds is timed on: five calls on a loaded 2-core machine
+# put PP-OCRv4 rec's TFLite plan (20 ms; onnxruntime 24-34) over onnxruntime's, the halving dropped it, and
+# auto's choice flipped between runs (bench_auto_decide.py --load 1)
+KEEP_SLACK = 1.25
 
 
 def warm(run: Callable[[], Any], calls: int = 20, seconds: float = WARM_S) -> None:
@@ -70,14 +75,16 @@ class Race:
 
 def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor: float | None = None,
          protected: str | None = None, budget_s: float | None = None, probe_factor: float | None = None,
-         again: Callable[[dict[str, float]], Sequence[str] | None] | None = None) -> Race:
+         again: Callable[[Mapping[str, list[float]]], Sequence[str] | None] | None = None) -> Race:
     """Time ``runs`` (label -> one call, each already called once) against each other: warm
     each, then interleaved rounds of ``calls`` calls each. ``probe_factor``: first one timed
     call each, dropping a contender slower than that many times the best. With ``drop_factor``
     a first short round drops every contender slower than that many times the best, then the
-    slower half of more than two (never ``protected``), and ``budget_s`` sets the calls of the
-    main round from the first round's times (10 to 60). ``again(medians)`` may name contenders
-    to time once more (two near the bar that separates them)."""
+    slower half of more than two (never ``protected``, nor one within ``KEEP_SLACK`` of it), and
+    ``budget_s`` sets the calls of the main round from the first round's times (10 to 60).
+    ``again(times)`` may name contenders to time once more (those near the bar that separates
+    them): asked again after each pass, up to ``AGAIN_PASSES`` passes and, after the first,
+    while they took less than ``budget_s`` together."""
     runs = dict(runs)
     result = Race()
     if probe_factor is not None and len(runs) > 1:
@@ -85,28 +92,40 @@ def race(runs: Mapping[str, Callable[[], Any]], *, calls: int = 10, drop_factor:
         _drop(runs, probe(runs, probe_factor), probe_factor, protected, result, "one call", slack=probe_factor)
     for run in runs.values():
         warm(run)
-    warmup = 2
     if drop_factor is not None and len(runs) > 1:
-        first = time_engines(runs, calls=FIRST_CALLS, warmup=warmup)
+        # two interleaved rounds (the order reversed in the second): every call timed counts
+        first = time_engines(runs, calls=FIRST_CALLS)
         medians = {label: statistics.median(samples) for label, samples in first.items()}
         result.first_ms = {label: seconds * 1000 for label, seconds in medians.items()}
-        _drop(runs, medians, drop_factor, protected, result, "the first rounds")
-        if len(runs) > 2:  # successive halving: the faster half goes on, and whatever beats ``protected``
+        _drop(runs, medians, drop_factor, protected, result, "the first rounds", slack=KEEP_SLACK)
+        if len(runs) > 2:  # successive halving: the faster half goes on, and whatever may beat ``protected``
             ranked = sorted(runs, key=medians.get)
             for label in ranked[-(len(ranked) // 2):]:
-                if label != protected and not _beats(medians, label, protected):
+                if label != protected and not _beats(medians, label, protected, KEEP_SLACK):
                     result.dropped[label] = f"{medians[label] * 1000:.2f} ms in the first rounds, in the slower half"
                     runs.pop(label)
         if budget_s is not None:
             per_round = sum(medians[label] for label in runs)
             calls = int(max(10, min(60, budget_s / max(per_round, 1e-6))))
-        warmup = 0
-    result.times = time_engines(runs, calls=calls, warmup=warmup)
-    pair = again({label: statistics.median(t) for label, t in result.times.items()}) if again else None
-    if pair:
-        for label, samples in time_engines({label: runs[label] for label in pair}, calls=calls).items():
-            result.times[label].extend(samples)
+    result.times = time_engines(runs, calls=calls)
+    _again(runs, result, again, calls, budget_s)
     return result
+
+
+AGAIN_PASSES = 4  # passes of ``race``'s re-timing, at most
+
+
+def _again(runs: Mapping[str, Callable[[], Any]], result: Race, again: Any, calls: int,
+           budget_s: float | None) -> None:
+    """Time again what ``again(result.times)`` names, adding to its samples, while it names any:
+    up to ``AGAIN_PASSES`` passes, and no pass begun once those before took ``budget_s``."""
+    start = time.perf_counter()
+    for index in range(AGAIN_PASSES if again is not None else 0):
+        labels = again(result.times)
+        if not labels or (index and budget_s is not None and time.perf_counter() - start >= budget_s):
+            return
+        for label, samples in time_engines({label: runs[label] for label in labels}, calls=calls).items():
+            result.times[label].extend(samples)
 
 
 REPROBE_MAX_S = 0.5  # a call over the bar but under this is timed again before it drops a contender

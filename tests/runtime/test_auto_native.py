@@ -190,3 +190,20 @@ def test_the_native_engine_compiles_one_part_as_the_raw_engine_would(onnx_model,
         assert_close(runner.run(model.random_feeds(seed=0))["logits"], reference["logits"], rtol=1e-4, atol=1e-5)
     finally:
         choice.prepared[2].close()
+
+
+def test_decisive_names_every_candidate_that_may_lie_either_side_of_the_native_bar():
+    """The runner-up too (chosen should the fastest start too slowly), and a ratio whose rounds
+    straddle the bar although the medians do not (timing noise under load)."""
+    from edgeinfer.runtime.auto_choice import decisive
+
+    steady = {"openvino": [1.0] * 10, "tflite": [1.6] * 10, "onnxruntime": [1.8] * 10}  # 1.125x: near 1.10
+    assert decisive(steady, "onnxruntime") == ("tflite", "onnxruntime")
+    apart = {"openvino": [1.0] * 10, "tflite": [1.2] * 10, "onnxruntime": [1.8] * 10}  # 1.5x, steady
+    assert decisive(apart, "onnxruntime") is None
+    # medians 1.25x apart, but round by round 1.0x to 1.5x: the bar lies within the rounds' spread
+    noisy = {"tflite": [1.0] * 20, "onnxruntime": [1.0] * 5 + [1.5] * 5 + [1.05] * 5 + [1.3] * 5}
+    assert decisive(noisy, "onnxruntime") == ("tflite", "onnxruntime")
+    assert decisive({"onnxruntime": [1.0] * 10, "tflite": [1.01] * 10}, "onnxruntime") is None  # native fastest
+    assert decisive({"a": [1.0] * 10, "b": [1.03] * 10}, None) == ("a", "b")  # no native: the leaders, close
+    assert decisive({"a": [1.0] * 10, "b": [1.3] * 10}, None) is None

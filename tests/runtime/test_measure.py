@@ -121,3 +121,34 @@ def test_the_runner_up_is_the_fastest_other_candidate_over_autos_margin_against_
     close = SimpleNamespace(backends=["openvino", "numpy"], native="onnxruntime,numpy",
                             median_ms={**medians, "tflite,numpy": 1.45, "torch,numpy": 1.44})
     assert _runner_up(close) is None  # within 10% of the native engine: none
+
+
+def test_a_contender_within_the_first_rounds_noise_of_the_protected_one_is_timed_on():
+    """Slower than the native engine by less than ``KEEP_SLACK`` in the first rounds: kept through
+    the halving (five calls on a loaded machine put a faster runner-up over the native engine)."""
+    from edgeinfer.runtime.measure import KEEP_SLACK
+
+    calls: list[str] = []
+    spec = (("a", 0.0015), ("native", 0.0025), ("near", 0.0025 * (1 + (KEEP_SLACK - 1) / 3)), ("far", 0.0029 * KEEP_SLACK))
+    result = race({label: _contender(s, calls, label) for label, s in spec}, drop_factor=3.0, probe_factor=4.0,
+                  protected="native", budget_s=0.05)
+    assert set(result.times) == {"a", "native", "near"}
+    assert "slower half" in result.dropped["far"]
+
+
+def test_what_again_names_is_timed_pass_after_pass_until_it_names_nothing():
+    from edgeinfer.runtime.measure import AGAIN_PASSES
+
+    calls: list[str] = []
+    runs = {label: _contender(0.0005, calls, label) for label in ("x", "y", "z")}
+    asked: list[int] = []
+
+    def again(times):
+        asked.append(len(times["x"]))
+        return ("x", "y") if len(asked) < 3 else None
+
+    result = race(runs, calls=10, again=again)
+    assert asked == [10, 20, 30]  # each pass adds its calls to the samples the next question sees
+    assert (len(result.times["x"]), len(result.times["y"]), len(result.times["z"])) == (30, 30, 10)
+    always = race(runs, calls=10, again=lambda times: ("x", "z"))
+    assert len(always.times["x"]) == 10 * (1 + AGAIN_PASSES) and len(always.times["y"]) == 10  # bounded
